@@ -1,0 +1,30 @@
+"""hvd_partial: partial collectives (solo and majority allreduce, eager-SGD)
+over MPI, with Horovod-style names.
+
+Example::
+
+    import hvd_partial as hvd
+    hvd.init()
+    results = hvd.partial_allreduce(grad, "grads", mode=hvd.Solo())
+"""
+
+from .api import (allgather_object, allreduce, barrier, broadcast, broadcast_object, config, flush,
+                  grouped_partial_allreduce_async, init, is_initialized, local_rank, local_size, partial_allreduce,
+                  partial_allreduce_async, poll, rank, shutdown, size, stats, synchronize)
+from .config import Config
+from .core.round_result import RoundResult
+from .engine.handle import Handle
+from .errors import (ConfigError, EngineError, HvdPartialError, MismatchError, NotInitializedError, RankFailedError,
+                     StreamConflictError, UnsupportedInputError)
+from .modes import Average, Majority, ReduceOp, Solo, Sum, Sync
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "config",
+    "partial_allreduce_async", "grouped_partial_allreduce_async", "partial_allreduce", "poll", "synchronize",
+    "flush", "allreduce", "broadcast", "broadcast_object", "allgather_object", "barrier", "stats",
+    "Sync", "Solo", "Majority", "Average", "Sum", "ReduceOp", "RoundResult", "Handle", "Config",
+    "HvdPartialError", "NotInitializedError", "ConfigError", "UnsupportedInputError", "StreamConflictError",
+    "MismatchError", "RankFailedError", "EngineError", "__version__",
+]

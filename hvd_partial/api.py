@@ -1,0 +1,398 @@
+"""The numpy-level public API: process setup, partial allreduce, flush and the
+Horovod-style helpers. Framework adapters build on these functions.
+
+Example::
+
+    import numpy as np
+    import hvd_partial as hvd
+
+    hvd.init()
+    grad = np.ones(1000, dtype=np.float32) * hvd.rank()
+    for result in hvd.partial_allreduce(grad, "grads", mode=hvd.Solo()):
+        print(result.round, result.contributors, result.array[:3])
+    hvd.shutdown()
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import threading
+
+import numpy as np
+
+from .config import Config, load_config
+from .core.fusion import Layout, check_array
+from .core.messages import StreamSignature
+from .core.round_result import RoundResult
+from .engine.engine import Engine
+from .engine.handle import Handle
+from .errors import ConfigError, MismatchError, NotInitializedError, StreamConflictError, UnsupportedInputError
+from .modes import Mode, ReduceOp, Solo, Average
+
+log = logging.getLogger("hvd_partial")
+
+_lock = threading.Lock()
+_engine: Engine | None = None
+_transport = None
+_config: Config | None = None
+_signatures: dict[str, tuple[StreamSignature, int]] = {}
+_hooks_installed = False
+_was_shut_down = False
+
+
+# ===== process setup =====================================================================
+
+def init(comm=None, **config) -> None:
+    """Start hvd_partial on this process (collective over ``comm``).
+
+    ``comm`` is an mpi4py communicator (default ``MPI.COMM_WORLD``); keyword
+    arguments set :class:`~hvd_partial.config.Config` fields and win over
+    ``HVD_PARTIAL_*`` environment variables. Calling ``init`` again while
+    initialized does nothing.
+
+    Example::
+
+        hvd.init(max_staleness=4)
+    """
+    global _engine, _transport, _config, _was_shut_down
+    with _lock:
+        if _engine is not None and _engine.running:
+            return
+        cfg = load_config(config)
+        logging.getLogger("hvd_partial").setLevel(cfg.log_level.upper())
+        from .transport.mpi import MpiTransport  # MPI is imported only when needed
+
+        transport = MpiTransport(comm)
+        transport.barrier()  # every engine starts its liveness clock together
+        engine = Engine(transport, cfg)
+        engine.start()
+        _engine, _transport, _config = engine, transport, cfg
+        _signatures.clear()
+        _was_shut_down = False
+        _install_hooks()
+    log.debug("rank %d/%d initialized", transport.rank, transport.size)
+
+
+def shutdown() -> None:
+    """Flush every stream, then stop the engine (collective).
+
+    Every rank must call it (``atexit`` does, if you don't). Results of the
+    final flush rounds are reduced on every rank but not returned; call
+    ``flush(name)`` first to get them.
+    """
+    global _engine, _transport, _was_shut_down
+    with _lock:
+        engine, transport = _engine, _transport
+        if engine is None:
+            return
+        try:
+            engine.shutdown()
+        finally:
+            if engine.failure is None:
+                transport.free()
+            _engine, _transport = None, None
+            _was_shut_down = True
+
+
+def is_initialized() -> bool:
+    """True between ``init()`` and ``shutdown()``."""
+    return _engine is not None and _engine.running
+
+
+def _require() -> Engine:
+    engine = _engine
+    if engine is None or not engine.running:
+        if engine is not None and engine.failure is not None:
+            raise engine.failure
+        when = "after shutdown()" if _was_shut_down else "before init()"
+        raise NotInitializedError(f"hvd_partial was called {when}; call hvd_partial.init() first")
+    return engine
+
+
+def rank() -> int:
+    """This process's rank in the communicator given to ``init``."""
+    _require()
+    return _transport.rank
+
+
+def size() -> int:
+    """The number of processes."""
+    _require()
+    return _transport.size
+
+
+def local_rank() -> int:
+    """This process's rank among the processes on its node."""
+    _require()
+    return _transport.local_rank
+
+
+def local_size() -> int:
+    """The number of processes on this node."""
+    _require()
+    return _transport.local_size
+
+
+def config() -> Config:
+    """The configuration in effect (after ``init``)."""
+    _require()
+    return _config
+
+
+# ===== partial allreduce ===============================================================
+
+def partial_allreduce_async(array, name: str, mode: Mode = Solo(), op: ReduceOp = Average,
+                            max_staleness: int | None = None) -> Handle:
+    """Post ``array`` to stream ``name`` and return a handle at once.
+
+    Do not modify ``array`` until ``synchronize(handle)`` returns. See
+    :func:`partial_allreduce` for the semantics.
+
+    Example::
+
+        handle = hvd.partial_allreduce_async(grad, "grads", mode=hvd.Solo())
+        results = hvd.synchronize(handle)
+    """
+    engine = _require()
+    return _post(engine, [check_array(array)], name, mode, op, max_staleness, grouped=False)
+
+
+def grouped_partial_allreduce_async(arrays, name: str, mode: Mode = Solo(), op: ReduceOp = Average,
+                                    max_staleness: int | None = None) -> Handle:
+    """Post a list of arrays as one stream (one activation per round, fused
+    buffers). Each result's ``arrays`` holds the reduced list.
+
+    Example::
+
+        handle = hvd.grouped_partial_allreduce_async([w_grad, b_grad], "layer1")
+        w, b = hvd.synchronize(handle)[-1].arrays
+    """
+    engine = _require()
+    arrays = list(arrays)
+    if not arrays:
+        raise UnsupportedInputError("grouped_partial_allreduce_async needs at least one array")
+    checked = [check_array(a, f"arrays[{i}]") for i, a in enumerate(arrays)]
+    return _post(engine, checked, name, mode, op, max_staleness, grouped=True)
+
+
+def partial_allreduce(array, name: str, mode: Mode = Solo(), op: ReduceOp = Average,
+                      max_staleness: int | None = None) -> list[RoundResult]:
+    """Post ``array`` to stream ``name`` and return the rounds this post took.
+
+    The post's data joins the first round that starts after it. If rounds
+    completed since this rank last took any, it takes them all at once and
+    returns without waiting; otherwise it waits for the next round to complete
+    (in solo mode starting one if none is running). Results come oldest first,
+    at least one, identical on every rank.
+
+    Example::
+
+        for result in hvd.partial_allreduce(grad, "grads", mode=hvd.Solo()):
+            apply(result.array)
+    """
+    return synchronize(partial_allreduce_async(array, name, mode, op, max_staleness))
+
+
+def poll(handle: Handle) -> bool:
+    """True when ``synchronize(handle)`` would return without waiting."""
+    return handle.done()
+
+
+def synchronize(handle: Handle):
+    """Wait for ``handle``; returns its rounds (a list of ``RoundResult``) for
+    partial allreduce posts, or the helper's value."""
+    engine = _engine
+    if engine is None:
+        if handle.done():
+            return handle.value()
+        raise NotInitializedError("synchronize() after shutdown() on a handle that never completed")
+    return engine.wait(handle)
+
+
+def flush(name: str) -> list[RoundResult]:
+    """Collective: take every round of stream ``name`` not yet taken, plus one
+    synchronous round that empties every rank's pending contributions.
+
+    Example::
+
+        hvd.flush("grads")  # before evaluation or a checkpoint
+    """
+    engine = _require()
+    return engine.wait(engine.submit_flush(name))
+
+
+def _post(engine: Engine, arrays, name, mode, op, max_staleness, grouped: bool) -> Handle:
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"stream name must be a non-empty str, got {name!r}")
+    if not isinstance(mode, Mode):
+        raise TypeError(f"mode must be hvd_partial.Sync(), Solo() or Majority(...), got {mode!r}")
+    if not isinstance(op, ReduceOp):
+        raise TypeError(f"op must be hvd_partial.Average or hvd_partial.Sum, got {op!r}")
+    sync = mode.kind == "sync"
+    if sync:
+        tau = 0
+    else:
+        tau = _config.max_staleness if max_staleness is None else max_staleness
+        if not isinstance(tau, int) or tau < 0:
+            raise ConfigError(f"max_staleness must be an int >= 0, got {max_staleness!r}")
+    if op is ReduceOp.AVERAGE:
+        for a in arrays:
+            if a.dtype.kind not in "f":
+                raise UnsupportedInputError(
+                    f"op=Average needs floating-point arrays; stream {name!r} has {a.dtype.name} (use op=Sum)")
+    layout = Layout.of(arrays)
+    signature = StreamSignature(layout.entries, grouped, mode.describe(), op.value, tau)
+    with _lock:
+        known = _signatures.get(name)
+        if known is None:
+            _signatures[name] = (signature, engine.rank)
+        elif known[0] != signature:
+            diffs = "; ".join(known[0].differences(signature))
+            raise StreamConflictError(f"rank {engine.rank}: stream {name!r} was first posted with other "
+                                      f"settings, now: {diffs}")
+    buffers, owned = layout.pack(arrays)
+    return engine.submit_post(name, buffers, owned, layout, grouped, sync, op, signature)
+
+
+# ===== Horovod-style helpers ============================================================
+
+def _helper(name: str, factory):
+    engine = _require()
+    return engine.wait(engine.submit_helper(name, factory))
+
+
+def _agree(transport, what: str, signature):
+    """Generator step: check that every rank passed the same ``signature``."""
+    everyone = yield from transport.op_allgather_object(signature)
+    odd = [(j, s) for j, s in enumerate(everyone) if s != everyone[0]]
+    if odd:
+        detail = ", ".join(f"rank {j}: {s}" for j, s in odd)
+        raise MismatchError(f"{what}: ranks disagree (rank 0: {everyone[0]}; {detail})")
+
+
+def allreduce(array, name: str | None = None, op: ReduceOp = Average) -> np.ndarray:
+    """Synchronous allreduce of ``array`` across all ranks; returns a new array.
+
+    Example::
+
+        mean_loss = hvd.allreduce(np.array([loss]), name="loss")[0]
+    """
+    array = check_array(array)
+    if op is ReduceOp.AVERAGE and array.dtype.kind != "f":
+        raise UnsupportedInputError(f"allreduce(op=Average) needs a floating-point array, got {array.dtype.name}")
+    label = f"allreduce({name or ''})"
+
+    def run():
+        yield from _agree(_transport, label, (array.shape, array.dtype.str, op.value))
+        out = yield from _transport.op_allreduce(array)
+        if op is ReduceOp.AVERAGE:
+            np.divide(out, _transport.size, out=out)
+        return out
+
+    return _helper(label, run)
+
+
+def broadcast(array, root_rank: int, name: str | None = None) -> np.ndarray:
+    """Return ``root_rank``'s ``array`` on every rank (a new array).
+
+    Example::
+
+        weights = hvd.broadcast(weights, root_rank=0)
+    """
+    array = check_array(array)
+    label = f"broadcast({name or ''})"
+
+    def run():
+        yield from _agree(_transport, label, (array.shape, array.dtype.str, root_rank))
+        return (yield from _transport.op_broadcast(array, root_rank))
+
+    return _helper(label, run)
+
+
+def broadcast_object(obj, root_rank: int = 0):
+    """Return ``root_rank``'s picklable ``obj`` on every rank.
+
+    Example::
+
+        config = hvd.broadcast_object(config if hvd.rank() == 0 else None)
+    """
+    return _helper("broadcast_object", lambda: _transport.op_broadcast_object(obj, root_rank))
+
+
+def allgather_object(obj) -> list:
+    """Return the list of every rank's picklable ``obj``, in rank order.
+
+    Example::
+
+        hosts = hvd.allgather_object(socket.gethostname())
+    """
+    return _helper("allgather_object", lambda: _transport.op_allgather_object(obj))
+
+
+def barrier() -> None:
+    """Wait until every rank has called ``barrier``."""
+    _helper("barrier", _transport.op_barrier)
+
+
+def stats() -> dict:
+    """Participation report per stream: rounds, fresh and stale contributions
+    per rank, rounds initiated per rank, mean and p95 wait per post, and the
+    lag (rounds behind) of each rank at the latest round start.
+
+    Example::
+
+        report = hvd.stats()["grads"]
+        print(report["fresh"], report["stale"], report["wait_p95_s"])
+    """
+    engine = _engine
+    if engine is None:
+        raise NotInitializedError("stats() before init()")
+    return engine.stats.snapshot()
+
+
+# ===== exit paths ======================================================================
+
+def _install_hooks() -> None:
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    atexit.register(_at_exit)
+    if _config.abort_on_exception:
+        previous = sys.excepthook
+
+        def hook(exc_type, exc, tb):
+            previous(exc_type, exc, tb)
+            engine = _engine
+            if engine is None or not engine.running:
+                return
+            engine.abort(f"uncaught {exc_type.__name__}: {exc}")
+            _hard_exit(1)
+
+        sys.excepthook = hook
+
+
+def _at_exit() -> None:
+    engine = _engine
+    if engine is None:
+        return
+    if engine.failure is not None:
+        # A peer failed: MPI_Finalize could wait for it forever.
+        _hard_exit(1)
+    try:
+        shutdown()
+    except Exception as err:  # noqa: BLE001 - exit-time: report and leave
+        log.error("rank %d: shutdown at exit failed: %s", engine.rank, err)
+        _hard_exit(1)
+
+
+def _hard_exit(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    os._exit(code)

@@ -1,0 +1,109 @@
+"""The one typed configuration object.
+
+Precedence: explicit arguments to ``init(**config)`` win, then
+``HVD_PARTIAL_<FIELD>`` environment variables, then the defaults below.
+
+Example::
+
+    HVD_PARTIAL_MAX_STALENESS=4 mpiexec -n 4 python train.py
+    # or, in code (wins over the environment):
+    hvd.init(max_staleness=4)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from .errors import ConfigError
+
+ENV_PREFIX = "HVD_PARTIAL_"
+
+
+@dataclass(frozen=True)
+class Config:
+    """Settings of one hvd_partial process. Every field can be set as
+    ``HVD_PARTIAL_<FIELD>`` (upper case) or as a keyword of ``init``."""
+
+    #: Default bound on staleness (rounds) for solo and majority streams;
+    #: a stream may pass its own ``max_staleness``. 0 makes them synchronous.
+    max_staleness: int = 8
+    #: Seconds between liveness messages that every engine sends to its peers.
+    heartbeat_seconds: float = 1.0
+    #: A peer silent for this long is declared failed and every waiting call
+    #: raises ``RankFailedError`` naming it.
+    failure_timeout_seconds: float = 30.0
+    #: How long a rank that raised waits for its failure notice to reach the
+    #: others before it exits.
+    abort_grace_seconds: float = 2.0
+    #: Upper bound of the engine's idle back-off, in milliseconds.
+    idle_poll_ms: float = 1.0
+    #: Largest fused buffer the framework adapters build, in bytes.
+    fusion_threshold_bytes: int = 64 * 1024 * 1024
+    #: Level of the ``hvd_partial`` logger (DEBUG, INFO, WARNING, ERROR).
+    log_level: str = "WARNING"
+    #: Install a ``sys.excepthook`` that tells the other ranks when this rank
+    #: dies of an uncaught exception, then exits without a collective flush.
+    abort_on_exception: bool = True
+
+    def __post_init__(self):
+        if self.max_staleness < 0:
+            raise ConfigError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        for name in ("heartbeat_seconds", "failure_timeout_seconds", "idle_poll_ms"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.abort_grace_seconds < 0:
+            raise ConfigError(f"abort_grace_seconds must be >= 0, got {self.abort_grace_seconds}")
+        if self.fusion_threshold_bytes <= 0:
+            raise ConfigError(f"fusion_threshold_bytes must be > 0, got {self.fusion_threshold_bytes}")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ConfigError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {self.log_level!r}")
+
+    def replace(self, **changes: Any) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+
+def _parse(field_type: Any, text: str, source: str) -> Any:
+    kind = field_type if isinstance(field_type, str) else getattr(field_type, "__name__", str(field_type))
+    try:
+        if kind == "bool":
+            low = text.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(text)
+        if kind == "int":
+            return int(text)
+        if kind == "float":
+            return float(text)
+        return text
+    except ValueError:
+        raise ConfigError(f"{source}={text!r} is not a valid {kind}") from None
+
+
+def load_config(overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Build a :class:`Config` from the environment and explicit ``overrides``.
+
+    Unknown ``HVD_PARTIAL_*`` variables and unknown keywords raise
+    :class:`ConfigError` naming them.
+    """
+    environ = os.environ if environ is None else environ
+    overrides = dict(overrides or {})
+    known = {f.name: f for f in fields(Config)}
+    values: dict[str, Any] = {}
+    for key, text in environ.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        name = key[len(ENV_PREFIX):].lower()
+        if name not in known:
+            raise ConfigError(f"unknown environment variable {key}: known fields are "
+                              + ", ".join(ENV_PREFIX + n.upper() for n in known))
+        values[name] = _parse(known[name].type, text, key)
+    for name, value in overrides.items():
+        if name not in known:
+            raise ConfigError(f"unknown configuration field {name!r}: known fields are {', '.join(known)}")
+        values[name] = value
+    return Config(**values)

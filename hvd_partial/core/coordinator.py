@@ -1,0 +1,241 @@
+"""The coordinator: decides, for every solo and majority stream, when each
+round starts and what it sums. Pure: no MPI, no threads, no clocks.
+
+Rank 0's engine runs the single coordinator. Every rank reports its posts and
+flushes; the coordinator answers with messages that every rank (itself too)
+receives in the same order, so all ranks start the same rounds with the same
+facts. Decisions use the exact state of every rank, so the staleness bound and
+the quorum hold exactly, and concurrent initiators are deduplicated for free.
+Sync streams only register and flush here; their rounds need no decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..modes import designated_initiator
+from .messages import Closed, Flush, Goodbye, Post, Register, Registered, Rejected, Start, StreamSignature
+
+
+@dataclass
+class RankView:
+    """The coordinator's view of one rank on one stream."""
+
+    taken: int = 0  # rounds taken (or certain to be taken without computing)
+    waiting: bool = False  # a post waits for round ``taken``
+    known_seq: int = 0  # last post reported
+    included_seq: int = 0  # last post summed in a started round
+    oldest_pending_for: int | None = None  # computed_for of the oldest pending post
+    flushing: bool = False
+
+    @property
+    def pending(self) -> bool:
+        return self.known_seq > self.included_seq
+
+
+@dataclass
+class StreamState:
+    name: str
+    id: int
+    signature: StreamSignature
+    views: list[RankView]
+    started: int = 0
+    completed: int = 0
+    # facts kept for the participation report
+    initiated: list[int] = field(default_factory=list)
+
+    @property
+    def kind(self) -> str:
+        return self.signature.mode[0]
+
+    @property
+    def in_flight(self) -> bool:
+        return self.started > self.completed
+
+
+class Coordinator:
+    """Round decisions for all streams of a world of ``world_size`` ranks.
+
+    Each ``on_*`` method takes one event and returns the messages that every
+    rank must receive, in order.
+
+    Example (two ranks, solo, scripted)::
+
+        coord = Coordinator(2)
+        out = coord.on_register(Register(0, "g", sig)) + coord.on_register(Register(1, "g", sig))
+        # -> [Registered("g", 0), Start(stream=0, round=0, ...)]
+    """
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        self.streams: list[StreamState] = []
+        self._by_name: dict[str, int] = {}
+        self._registering: dict[str, dict[int, StreamSignature]] = {}
+        self._leaving: dict[int, set[int]] = {}
+        self.closed = False
+
+    # -- registration ---------------------------------------------------------
+
+    def on_register(self, msg: Register) -> list:
+        regs = self._registering.setdefault(msg.name, {})
+        regs[msg.rank] = msg.signature
+        if len(regs) < self.world_size:
+            return []
+        del self._registering[msg.name]
+        reference = regs[0]
+        problems = []
+        for rank in range(1, self.world_size):
+            diffs = reference.differences(regs[rank])
+            if diffs:
+                problems.append(f"rank {rank} differs from rank 0 in " + "; ".join(diffs))
+        if problems:
+            return [Rejected(msg.name, f"ranks disagree on stream {msg.name!r}: " + " | ".join(problems))]
+        sid = len(self.streams)
+        # The first post of every rank is the registration itself: round 0
+        # therefore waits for (and sums) every rank's first contribution.
+        views = [RankView(taken=0, waiting=True, known_seq=1, oldest_pending_for=0)
+                 for _ in range(self.world_size)]
+        state = StreamState(msg.name, sid, reference, views, initiated=[0] * self.world_size)
+        self.streams.append(state)
+        self._by_name[msg.name] = sid
+        out: list = [Registered(msg.name, sid)]
+        if state.kind != "sync":
+            out += self._start_round(state, initiator=None, flush=False)
+        return out
+
+    def unregistered(self) -> dict[str, list[int]]:
+        """Streams some ranks posted and others never did: name -> ranks that did."""
+        return {name: sorted(regs) for name, regs in self._registering.items()}
+
+    def reject_unregistered(self) -> list:
+        out = []
+        for name, ranks in self.unregistered().items():
+            missing = sorted(set(range(self.world_size)) - set(ranks))
+            out.append(Rejected(name, f"stream {name!r} was posted on ranks {ranks} "
+                                      f"but never on ranks {missing} before shutdown"))
+        self._registering.clear()
+        return out
+
+    # -- events ---------------------------------------------------------------
+
+    def on_post(self, msg: Post) -> list:
+        state = self.streams[msg.stream]
+        view = state.views[msg.rank]
+        if not view.pending:
+            view.oldest_pending_for = msg.computed_for
+        view.known_seq = msg.seq
+        view.taken = max(view.taken, msg.taken)
+        view.waiting = msg.waiting
+        if view.waiting and view.taken < state.completed:
+            # The round it waits for already completed here: it takes exactly
+            # that round as soon as it completes on its own rank.
+            view.taken += 1
+            view.waiting = False
+        return self._maybe_start(state, trigger=msg.rank) + self._maybe_close()
+
+    def on_flush(self, msg: Flush) -> list:
+        state = self.streams[msg.stream]
+        view = state.views[msg.rank]
+        view.taken = max(view.taken, msg.taken)
+        view.waiting = False
+        view.flushing = True
+        return self._maybe_start(state, trigger=None) + self._maybe_close()
+
+    def on_goodbye(self, msg: Goodbye) -> list:
+        """A rank shuts down; once all have, and every flush round has started,
+        every rank is told ``Closed``."""
+        self._leaving[msg.rank] = set(msg.streams)
+        return self._maybe_close()
+
+    def _maybe_close(self) -> list:
+        if self.closed or len(self._leaving) < self.world_size:
+            return []
+        # Every Register a rank will ever send came before its goodbye.
+        out = self.reject_unregistered()
+        for state in self.streams:
+            if any(state.id not in self._leaving[j] for j in range(self.world_size)):
+                return out
+            if any(v.flushing for v in state.views):
+                return out
+        self.closed = True
+        return out + [Closed()]
+
+    def on_round_complete(self, stream: int, round_number: int) -> list:
+        """Rank 0's engine completed ``round_number`` of ``stream``."""
+        state = self.streams[stream]
+        if state.kind == "sync":
+            return []
+        state.completed = round_number + 1
+        for view in state.views:
+            if view.waiting and view.taken == round_number:
+                view.taken += 1
+                view.waiting = False
+        return self._maybe_start(state, trigger=None) + self._maybe_close()
+
+    # -- decisions ------------------------------------------------------------
+
+    def _maybe_start(self, state: StreamState, trigger: int | None) -> list:
+        if all(v.flushing for v in state.views):
+            if state.kind == "sync":
+                for v in state.views:
+                    v.flushing = False
+                return [Start(state.id, None, (), None, (), (), flush=True)]
+            if state.in_flight:
+                return []
+            return self._start_round(state, initiator=None, flush=True)
+        if state.kind == "sync" or state.in_flight:
+            return []
+        initiator = self._ready(state, trigger)
+        if initiator is None:
+            return []
+        return self._start_round(state, initiator=initiator, flush=False)
+
+    def _ready(self, state: StreamState, trigger: int | None) -> int | None:
+        """The initiator of the next round if it may start now, else None."""
+        r = state.started
+        tau = state.signature.max_staleness
+        views = state.views
+        training = [j for j, v in enumerate(views) if not v.flushing]
+        for j in training:
+            v = views[j]
+            if not (v.taken >= r - tau + 1 or v.pending):
+                return None
+        if state.kind == "solo":
+            needers = [j for j in training if views[j].waiting and views[j].taken >= r]
+            if not needers:
+                return None
+            return trigger if trigger is not None else needers[0]
+        if state.kind == "majority":
+            _, seed, quorum = state.signature.mode
+            designated = designated_initiator(seed, state.name, r, self.world_size)
+            dv = views[designated]
+            if not (dv.pending or dv.flushing):
+                return None
+            holders = sum(1 for v in views if v.pending)
+            if holders == 0:
+                return None
+            if quorum is not None and holders < min(quorum, len(training)):
+                return None
+            return designated
+        raise ValueError(f"unknown mode {state.kind!r}")
+
+    def _start_round(self, state: StreamState, initiator: int | None, flush: bool) -> list:
+        r = state.started
+        contributors, staleness, upto, lag = [], [], [], []
+        for j, v in enumerate(state.views):
+            lag.append(max(0, r - v.taken))
+            upto.append(v.known_seq)
+            if v.pending:
+                contributors.append(j)
+                staleness.append((j, r - v.oldest_pending_for))
+                v.included_seq = v.known_seq
+                v.oldest_pending_for = None
+            if flush:
+                v.flushing = False
+                v.taken = r
+                v.waiting = True
+        state.started += 1
+        if initiator is not None:
+            state.initiated[initiator] += 1
+        return [Start(state.id, r, tuple(upto), initiator, tuple(contributors), tuple(staleness),
+                      flush=flush, lag=tuple(lag))]

@@ -1,0 +1,83 @@
+"""Packing many arrays into few flat buffers (one per dtype) and back.
+
+A stream of one contiguous array travels as a flat view of it (no copy);
+a grouped stream is packed into one buffer per dtype (one copy), and results
+are unpacked as views of the reduced buffers (no copy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import UnsupportedInputError
+
+SUPPORTED_DTYPES = ("float16", "float32", "float64", "int32", "int64", "uint8", "int8")
+
+
+def check_array(array, what: str = "array") -> np.ndarray:
+    """Validate one posted array; returns it as an ndarray (no copy)."""
+    if not isinstance(array, np.ndarray):
+        raise UnsupportedInputError(f"{what} must be a numpy.ndarray, got {type(array).__name__}")
+    if array.dtype.name not in SUPPORTED_DTYPES:
+        raise UnsupportedInputError(
+            f"{what} has unsupported dtype {array.dtype.name}; supported: {', '.join(SUPPORTED_DTYPES)}")
+    if not array.flags.c_contiguous:
+        raise UnsupportedInputError(f"{what} is not C-contiguous; pass numpy.ascontiguousarray(x)")
+    return array
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Shapes and dtypes of the arrays of a stream, and how they are fused."""
+
+    entries: tuple  # ((shape, dtype_name), ...)
+
+    @classmethod
+    def of(cls, arrays) -> "Layout":
+        return cls(tuple((tuple(a.shape), a.dtype.name) for a in arrays))
+
+    @property
+    def groups(self) -> list[tuple[str, list[int]]]:
+        """(dtype, indices of the arrays of that dtype), in order of first use."""
+        order: dict[str, list[int]] = {}
+        for i, (_, dtype) in enumerate(self.entries):
+            order.setdefault(dtype, []).append(i)
+        return list(order.items())
+
+    def sizes(self) -> list[int]:
+        return [int(np.prod(shape, dtype=np.int64)) for shape, _ in self.entries]
+
+    def buffer_specs(self) -> list[tuple[int, str]]:
+        sizes = self.sizes()
+        return [(sum(sizes[i] for i in idx), dtype) for dtype, idx in self.groups]
+
+    def zeros(self) -> list[np.ndarray]:
+        return [np.zeros(n, dtype=dtype) for n, dtype in self.buffer_specs()]
+
+    def empty(self) -> list[np.ndarray]:
+        return [np.empty(n, dtype=dtype) for n, dtype in self.buffer_specs()]
+
+    def pack(self, arrays) -> tuple[list[np.ndarray], bool]:
+        """Flat buffers holding ``arrays``; the flag says whether they are copies."""
+        if len(arrays) == 1:
+            return [arrays[0].reshape(-1)], False
+        out = []
+        for dtype, idx in self.groups:
+            if len(idx) == 1:
+                out.append(arrays[idx[0]].reshape(-1))
+            else:
+                out.append(np.concatenate([arrays[i].reshape(-1) for i in idx]))
+        return out, all(len(idx) > 1 for _, idx in self.groups)
+
+    def unpack(self, buffers) -> list[np.ndarray]:
+        """Views of ``buffers`` shaped like the stream's arrays."""
+        sizes = self.sizes()
+        out: list = [None] * len(self.entries)
+        for buf, (_, idx) in zip(buffers, self.groups):
+            offset = 0
+            for i in idx:
+                out[i] = buf[offset:offset + sizes[i]].reshape(self.entries[i][0])
+                offset += sizes[i]
+        return out

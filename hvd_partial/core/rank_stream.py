@@ -1,0 +1,213 @@
+"""One rank's side of one stream: pending contributions, completed rounds not
+yet taken, and the post or flush waiting for results. Pure: the engine feeds
+it events and carries out what it returns.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import StreamConflictError
+from ..modes import ReduceOp
+from .fusion import Layout
+from .messages import Flush, Post, Start
+from .round_result import RoundResult
+
+
+@dataclass
+class PendingPost:
+    seq: int
+    buffers: list
+    computed_for: int
+    owned: bool  # False while the buffers are the caller's arrays
+
+
+@dataclass
+class Launch:
+    """A round to reduce: sum ``send`` over all ranks, then call ``complete``.
+
+    ``send`` is ``None`` when the round has no contributors anywhere; the
+    engine then completes it with zeros and no communication.
+    """
+
+    round: int
+    send: list | None
+    facts: Start | None  # None for sync rounds (all ranks, fresh)
+
+
+class Waiter:
+    """What a post or flush waits for; the engine signals it when done."""
+
+    __slots__ = ("kind", "seq", "results", "until_flush", "handle")
+
+    def __init__(self, kind: str, seq: int = 0, handle=None):
+        self.kind = kind  # "post" or "flush"
+        self.seq = seq
+        self.results: list[RoundResult] = []
+        self.until_flush = kind == "flush"
+        self.handle = handle  # the engine's Handle to wake, if any
+
+
+class RankStream:
+    """State of one stream on one rank.
+
+    Example::
+
+        s = RankStream(rank=0, world_size=2, name="g", layout=Layout.of([x]),
+                       sync=False, op=Average)
+        msg, done = s.post([x.reshape(-1)], owned=False, waiter=Waiter("post"))
+    """
+
+    def __init__(self, rank: int, world_size: int, name: str, layout: Layout, sync: bool,
+                 op: ReduceOp, grouped: bool = False):
+        self.rank = rank
+        self.world_size = world_size
+        self.name = name
+        self.layout = layout
+        self.sync = sync
+        self.op = op
+        self.grouped = grouped
+        self.id: int | None = None
+        self.seq = 0
+        self.pending: deque[PendingPost] = deque()
+        self.taken = 0
+        self.completed = 0
+        self.started = 0
+        self.results: deque[RoundResult] = deque()
+        self.waiter: Waiter | None = None
+        self._zeros: list | None = None
+
+    # -- compute-thread requests (run on the engine thread) ---------------------
+
+    def check_idle(self):
+        if self.waiter is not None:
+            raise StreamConflictError(
+                f"stream {self.name!r} already has a {self.waiter.kind} in progress on rank {self.rank}; "
+                "synchronize it before posting again")
+
+    def post(self, buffers: list, owned: bool, waiter: Waiter, registered: bool = True):
+        """Record a post. Returns ``(message, launch, done)``: the message for the
+        coordinator (or None), a sync round to launch (or None), and whether
+        ``waiter`` is already satisfied."""
+        self.check_idle()
+        self.seq += 1
+        waiter.seq = self.seq
+        computed_for = self.taken
+        if self.sync:
+            self.waiter = waiter
+            launch = Launch(self.started, buffers, None)
+            self.started += 1
+            return None, launch, False
+        self.pending.append(PendingPost(self.seq, buffers, computed_for, owned))
+        if self.completed > self.taken:
+            self._deliver(waiter)
+            done = True
+        else:
+            self.waiter = waiter
+            done = False
+        msg = None
+        if registered:  # the first post travels as the registration itself
+            msg = Post(self.rank, self.id, self.seq, computed_for, self.taken, not done)
+        if done:
+            self._own_pending()
+        return msg, None, done
+
+    def flush(self, waiter: Waiter) -> Flush:
+        self.check_idle()
+        self.waiter = waiter
+        waiter.results.extend(self._take_completed())
+        return Flush(self.rank, self.id, self.taken)
+
+    # -- engine events ----------------------------------------------------------
+
+    def on_start(self, start: Start) -> Launch:
+        """The coordinator started a round (or a sync stream's flush round)."""
+        if start.round is None:  # flush of a sync stream: a round with no contributors
+            launch = Launch(self.started, None, start)
+            self.started += 1
+            return launch
+        if start.round != self.started:
+            raise AssertionError(f"stream {self.name!r}: expected round {self.started}, got {start.round}")
+        self.started += 1
+        if not start.contributors:
+            return Launch(start.round, None, start)
+        upto = start.upto[self.rank]
+        items = []
+        while self.pending and self.pending[0].seq <= upto:
+            items.append(self.pending.popleft())
+        return Launch(start.round, self._combine(items), start)
+
+    def complete(self, launch: Launch, reduced: list | None) -> Waiter | None:
+        """A round finished with the reduced ``buffers`` (None: nothing was
+        contributed). Returns the waiter to wake, if it is now satisfied."""
+        if reduced is None:
+            reduced = self.layout.zeros()
+        elif self.op is ReduceOp.AVERAGE:
+            for buf in reduced:
+                np.divide(buf, self.world_size, out=buf)
+        facts = launch.facts
+        if facts is None:
+            result = RoundResult(launch.round, None, list(range(self.world_size)),
+                                 {j: 0 for j in range(self.world_size)})
+        else:
+            result = RoundResult(launch.round, facts.initiator, list(facts.contributors),
+                                 dict(facts.staleness), flush=facts.flush)
+        arrays = self.layout.unpack(reduced)
+        result.buffers = reduced
+        if self.grouped:
+            result.arrays = arrays
+        else:
+            result.array = arrays[0]
+        self.results.append(result)
+        self.completed += 1
+        waiter = self.waiter
+        if waiter is None:
+            return None
+        if waiter.until_flush:
+            if not result.flush:
+                return None
+            waiter.results.extend(self._take_completed())
+        else:
+            self._deliver(waiter)
+        self.waiter = None
+        self._own_pending()
+        return waiter
+
+    # -- internals --------------------------------------------------------------
+
+    def _take_completed(self) -> list[RoundResult]:
+        out = list(self.results)
+        self.results.clear()
+        self.taken = self.completed
+        return out
+
+    def _deliver(self, waiter: Waiter):
+        waiter.results.extend(self._take_completed())
+
+    def _own_pending(self):
+        # The caller may reuse its arrays once synchronize returns: copy what
+        # is still waiting for a round.
+        for item in self.pending:
+            if not item.owned:
+                item.buffers = [np.array(b, copy=True) for b in item.buffers]
+                item.owned = True
+
+    def _combine(self, items: list[PendingPost]) -> list:
+        if not items:
+            if self._zeros is None:
+                self._zeros = self.layout.zeros()  # read-only send buffer, reused
+            return self._zeros
+        if len(items) == 1:
+            return items[0].buffers
+        total = [np.array(b, copy=True) if not items[0].owned else b for b in items[0].buffers]
+        for item in items[1:]:
+            for acc, b in zip(total, item.buffers):
+                np.add(acc, b, out=acc)
+        return total
+
+    @property
+    def lag(self) -> int:
+        return self.completed - self.taken

@@ -1,0 +1,561 @@
+"""The engine: one background thread per process that alone calls MPI.
+
+Compute threads enqueue commands (post, flush, helper collectives, shutdown)
+and wait on handles. The engine feeds the protocol core with those commands
+and with the control messages that arrive, starts the reductions the core asks
+for, and completes them. Rank 0's engine also runs the coordinator.
+
+It never blocks in MPI: every operation is nonblocking and polled, with a
+back-off when there is nothing to do, so the training threads keep their CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..config import Config
+from ..core.coordinator import Coordinator
+from ..core.fusion import Layout
+from ..core.messages import (Closed, Failure, Flush, Goodbye, Heartbeat, Post, Register, Registered, Rejected,
+                             Start, StreamSignature)
+from ..core.rank_stream import Launch, RankStream, Waiter
+from ..errors import (EngineError, HvdPartialError, MismatchError, NotInitializedError, RankFailedError,
+                      StreamConflictError)
+from ..modes import ReduceOp
+from ..transport.mpi import TAG_FAILURE, TAG_FROM_COORDINATOR, TAG_HEARTBEAT, TAG_TO_COORDINATOR
+from .handle import Handle
+from .stats import StatsRecorder
+
+log = logging.getLogger("hvd_partial.engine")
+
+
+@dataclass
+class PostCommand:
+    name: str
+    buffers: list
+    owned: bool
+    layout: Layout
+    grouped: bool
+    sync: bool
+    op: ReduceOp
+    signature: StreamSignature
+    handle: Handle
+
+
+@dataclass
+class FlushCommand:
+    name: str
+    handle: Handle
+
+
+@dataclass
+class HelperCommand:
+    start: Callable[[], Any]  # returns a generator that yields MPI requests
+    handle: Handle
+
+
+@dataclass
+class ShutdownCommand:
+    handle: Handle
+
+
+@dataclass
+class AbortCommand:
+    reason: str
+    handle: Handle
+
+
+class _RoundEntry:
+    __slots__ = ("launch", "recv", "requests")
+
+    def __init__(self, launch: Launch):
+        self.launch = launch
+        self.recv = None
+        self.requests = None
+
+
+class Engine:
+    """The background progress thread of one process.
+
+    Example (what ``hvd_partial.init`` does)::
+
+        engine = Engine(MpiTransport(comm), config)
+        engine.start()
+        handle = engine.submit_post(...)
+    """
+
+    def __init__(self, transport, config: Config):
+        self.transport = transport
+        self.config = config
+        self.rank = transport.rank
+        self.size = transport.size
+        self.coordinator = Coordinator(self.size) if self.rank == 0 else None
+        self.stats = StatsRecorder(self.size)
+        self._commands: deque = deque()
+        self._wake = threading.Event()
+        self._streams: dict[str, RankStream] = {}
+        self._by_id: dict[int, RankStream] = {}
+        self._held: dict[str, Waiter] = {}  # first posts waiting for registration
+        self._held_commands: dict[str, PostCommand] = {}
+        self._comms: dict[int, Any] = {}
+        self._comm_requests: dict[int, Any] = {}
+        self._rounds: dict[int, deque] = {}
+        self._local_inbox: deque = deque()  # rank 0: the coordinator's messages to itself
+        self._coordinator_inbox: deque = deque()  # rank 0: its own messages to the coordinator
+        self._helpers: deque = deque()
+        self._helper: tuple | None = None  # (generator, handle, request)
+        self._pending_handles: set[Handle] = set()
+        self._leaving = False
+        self._to_flush: set[int] = set()
+        self._flushed: set[int] = set()
+        self._goodbye_sent: frozenset | None = None
+        self._closed = False
+        self._shutdown_handle: Handle | None = None
+        self.failure: HvdPartialError | None = None
+        self._stopped = threading.Event()
+        now = time.monotonic()
+        self._last_heard = [now] * self.size
+        self._next_heartbeat = now
+        self._thread = threading.Thread(target=self._run, name=f"hvd_partial-engine-{self.rank}", daemon=True)
+
+    # ===== compute-thread side =====================================================
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return not self._stopped.is_set()
+
+    def _submit(self, command, handle: Handle) -> Handle:
+        if self.failure is not None:
+            raise self.failure
+        if self._stopped.is_set() or self._leaving_requested:
+            raise NotInitializedError("hvd_partial is shut down on this rank; call hvd_partial.init() first")
+        self._commands.append(command)
+        self._wake.set()
+        return handle
+
+    _leaving_requested = False
+
+    def submit_post(self, name, buffers, owned, layout, grouped, sync, op, signature) -> Handle:
+        handle = Handle(name)
+        return self._submit(PostCommand(name, buffers, owned, layout, grouped, sync, op, signature, handle), handle)
+
+    def submit_flush(self, name: str) -> Handle:
+        handle = Handle(name)
+        return self._submit(FlushCommand(name, handle), handle)
+
+    def submit_helper(self, name: str, start: Callable[[], Any]) -> Handle:
+        handle = Handle(name)
+        return self._submit(HelperCommand(start, handle), handle)
+
+    def wait(self, handle: Handle):
+        """Block until ``handle`` is done; raise the engine's failure if any."""
+        while not handle.wait(0.25):
+            if self.failure is not None and not handle.done():
+                raise self.failure
+            if self._stopped.is_set() and not handle.done():
+                raise self.failure or EngineError(f"engine of rank {self.rank} stopped")
+        return handle.value()
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Flush every stream and stop the engine (collective)."""
+        if self._stopped.is_set():
+            return
+        if self.failure is None:
+            handle = Handle("shutdown")
+            self._commands.append(ShutdownCommand(handle))
+            self._leaving_requested = True
+            self._wake.set()
+            try:
+                self.wait(handle)
+            finally:
+                self._stop_thread()
+        else:
+            self._stop_thread()
+
+    def abort(self, reason: str) -> None:
+        """Tell every other rank that this one failed, then stop (not collective)."""
+        if self._stopped.is_set():
+            return
+        handle = Handle("abort")
+        self._commands.append(AbortCommand(reason, handle))
+        self._wake.set()
+        handle.wait(self.config.abort_grace_seconds + 1.0)
+        self._stop_thread()
+
+    def _stop_thread(self):
+        self._stopped.set()
+        self._wake.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=max(5.0, self.config.abort_grace_seconds + 1.0))
+
+    # ===== engine thread =============================================================
+
+    def _run(self) -> None:
+        idle = 0
+        poll_max = self.config.idle_poll_ms / 1000.0
+        try:
+            while not self._stopped.is_set():
+                worked = self._step()
+                if self._finished():
+                    break
+                if worked:
+                    idle = 0
+                    continue
+                idle += 1
+                if self._rounds_in_flight() or self._helper is not None:
+                    # A reduction progresses only inside MPI calls: stay close.
+                    if idle < 256:
+                        os.sched_yield()
+                    else:
+                        time.sleep(min(poll_max, 2e-5 * (idle - 255)))
+                else:
+                    self._wake.wait(min(poll_max, 2e-5 * idle))
+                    self._wake.clear()
+        except BaseException as exc:  # the engine must never die silently
+            log.exception("hvd_partial engine of rank %d crashed", self.rank)
+            self._fail(EngineError(f"engine of rank {self.rank} crashed: {exc!r}"), notify=True)
+            self._drain_failure_notices()
+        finally:
+            self._stopped.set()
+
+    def _finished(self) -> bool:
+        if self.failure is not None:
+            self._drain_failure_notices()
+            return True
+        if not (self._leaving and self._closed):
+            return False
+        if self._to_flush or self._rounds_in_flight():
+            return False
+        if any(s.waiter is not None for s in self._streams.values()):
+            return False
+        self.transport.progress_sends()
+        if self._shutdown_handle is not None:
+            self._shutdown_handle.set_result(None)
+        return True
+
+    def _drain_failure_notices(self):
+        deadline = time.monotonic() + self.config.abort_grace_seconds
+        while time.monotonic() < deadline:
+            try:
+                if self.transport.progress_sends() == 0:
+                    return
+            except Exception:  # noqa: BLE001 - a dead peer may fail its sends
+                return
+            time.sleep(0.001)
+
+    def _rounds_in_flight(self) -> bool:
+        return any(self._rounds.values())
+
+    def _step(self) -> bool:
+        worked = False
+        while self._commands:
+            self._handle_command(self._commands.popleft())
+            worked = True
+        for source, tag, message in self.transport.receive():
+            self._last_heard[source] = time.monotonic()
+            self._handle_message(source, tag, message)
+            worked = True
+        while self._coordinator_inbox:
+            self._coordinate(self._coordinator_inbox.popleft())
+            worked = True
+        while self._local_inbox:
+            self._from_coordinator(self._local_inbox.popleft())
+            worked = True
+        worked |= self._progress_rounds()
+        worked |= self._progress_helpers()
+        if self._leaving:
+            worked |= self._progress_leaving()
+        self.transport.progress_sends()
+        self._liveness()
+        return worked
+
+    # -- commands -------------------------------------------------------------------
+
+    def _handle_command(self, cmd) -> None:
+        if isinstance(cmd, AbortCommand):
+            self._fail(RankFailedError(self.rank, cmd.reason), notify=True, local=True)
+            cmd.handle.set_result(None)
+            return
+        if isinstance(cmd, ShutdownCommand):
+            self._leaving = True
+            self._shutdown_handle = cmd.handle
+            self._to_flush = {sid for sid in self._by_id} - self._flushed
+            return
+        self._pending_handles.add(cmd.handle)
+        try:
+            if isinstance(cmd, PostCommand):
+                self._post(cmd)
+            elif isinstance(cmd, FlushCommand):
+                self._flush(cmd)
+            elif isinstance(cmd, HelperCommand):
+                self._helpers.append((cmd.start, cmd.handle))
+            else:  # pragma: no cover
+                raise EngineError(f"unknown command {cmd!r}")
+        except HvdPartialError as err:
+            self._pending_handles.discard(cmd.handle)
+            cmd.handle.set_error(err)
+
+    def _post(self, cmd: PostCommand) -> None:
+        stream = self._streams.get(cmd.name)
+        waiter = Waiter("post", handle=cmd.handle)
+        if stream is None:
+            stream = RankStream(self.rank, self.size, cmd.name, cmd.layout, cmd.sync, cmd.op, grouped=cmd.grouped)
+            self._streams[cmd.name] = stream
+            self._held[cmd.name] = waiter
+            self._held_commands[cmd.name] = cmd
+            self._to_coordinator(Register(self.rank, cmd.name, cmd.signature))
+            return
+        if stream.id is None:
+            raise StreamConflictError(
+                f"stream {cmd.name!r} is still registering on rank {self.rank}; synchronize its first post first")
+        msg, launch, done = stream.post(cmd.buffers, cmd.owned, waiter)
+        self._after_post(stream, msg, launch, done, waiter)
+
+    def _after_post(self, stream, msg, launch, done, waiter):
+        if msg is not None:
+            self._to_coordinator(msg)
+        if launch is not None:
+            self._launch(stream, launch)
+        if done:
+            self._finish(stream, waiter)
+
+    def _flush(self, cmd: FlushCommand) -> None:
+        stream = self._streams.get(cmd.name)
+        if stream is None:
+            raise StreamConflictError(f"flush({cmd.name!r}) on rank {self.rank}: this rank never posted to that stream")
+        if stream.id is None:
+            raise StreamConflictError(
+                f"flush({cmd.name!r}) on rank {self.rank}: the stream is still registering; synchronize its first post")
+        self._to_coordinator(stream.flush(Waiter("flush", handle=cmd.handle)))
+
+    def _finish(self, stream: RankStream, waiter: Waiter) -> None:
+        handle = waiter.handle
+        if handle is None:
+            return
+        self._pending_handles.discard(handle)
+        handle.set_result(waiter.results)
+        if waiter.kind == "post":
+            self.stats.post_finished(stream.name, handle.wait_seconds or 0.0)
+
+    # -- messages -------------------------------------------------------------------
+
+    def _to_coordinator(self, message) -> None:
+        if self.rank == 0:
+            self._coordinator_inbox.append(message)
+        else:
+            self.transport.send(0, TAG_TO_COORDINATOR, message)
+
+    def _handle_message(self, source: int, tag: int, message) -> None:
+        if tag == TAG_TO_COORDINATOR:
+            self._coordinate(message)
+        elif tag == TAG_FROM_COORDINATOR:
+            self._from_coordinator(message)
+        elif tag == TAG_FAILURE:
+            self._fail(RankFailedError(message.rank, message.reason), notify=False)
+        elif tag == TAG_HEARTBEAT:
+            pass
+        else:
+            log.warning("rank %d: ignoring a message with unknown tag %d from rank %d", self.rank, tag, source)
+
+    def _coordinate(self, message) -> None:
+        coord = self.coordinator
+        if isinstance(message, Post):
+            out = coord.on_post(message)
+        elif isinstance(message, Register):
+            out = coord.on_register(message)
+        elif isinstance(message, Flush):
+            out = coord.on_flush(message)
+        elif isinstance(message, Goodbye):
+            out = coord.on_goodbye(message)
+        else:  # pragma: no cover
+            raise EngineError(f"coordinator got an unknown message {message!r}")
+        self._broadcast(out)
+
+    def _broadcast(self, messages) -> None:
+        for message in messages:
+            for dest in range(1, self.size):
+                self.transport.send(dest, TAG_FROM_COORDINATOR, message)
+            self._local_inbox.append(message)
+
+    def _from_coordinator(self, message) -> None:
+        if isinstance(message, Start):
+            stream = self._by_id[message.stream]
+            self.stats.round_started(stream.name, message.lag)
+            self._launch(stream, stream.on_start(message))
+        elif isinstance(message, Registered):
+            self._registered(message)
+        elif isinstance(message, Rejected):
+            self._rejected(message)
+        elif isinstance(message, Closed):
+            self._closed = True
+        else:  # pragma: no cover
+            raise EngineError(f"unknown message from the coordinator: {message!r}")
+
+    def _registered(self, message: Registered) -> None:
+        stream = self._streams[message.name]
+        stream.id = message.stream
+        self._by_id[message.stream] = stream
+        comm, request = self.transport.new_stream_comm()
+        self._comms[message.stream] = comm
+        self._comm_requests[message.stream] = request
+        self._rounds[message.stream] = deque()
+        waiter = self._held.pop(message.name)
+        cmd = self._held_commands.pop(message.name)
+        msg, launch, done = stream.post(cmd.buffers, cmd.owned, waiter, registered=False)
+        self._after_post(stream, msg, launch, done, waiter)
+        if self._leaving:
+            self._to_flush.add(message.stream)
+
+    def _rejected(self, message: Rejected) -> None:
+        self._streams.pop(message.name, None)
+        self._held_commands.pop(message.name, None)
+        waiter = self._held.pop(message.name, None)
+        if waiter is not None and waiter.handle is not None:
+            self._pending_handles.discard(waiter.handle)
+            waiter.handle.set_error(MismatchError(f"rank {self.rank}: {message.reason}"))
+
+    # -- rounds -----------------------------------------------------------------------
+
+    def _launch(self, stream: RankStream, launch: Launch) -> None:
+        self._rounds[stream.id].append(_RoundEntry(launch))
+        self._start_entries(stream.id)
+
+    def _start_entries(self, sid: int) -> None:
+        request = self._comm_requests.get(sid)
+        if request is not None:
+            if not request.Test():
+                return
+            self._comm_requests[sid] = None
+        comm = self._comms[sid]
+        layout = self._by_id[sid].layout
+        for entry in self._rounds[sid]:
+            if entry.requests is None and entry.launch.send is not None:
+                entry.recv = layout.empty()
+                entry.requests = [self.transport.iallreduce(comm, s, r)
+                                  for s, r in zip(entry.launch.send, entry.recv)]
+
+    def _progress_rounds(self) -> bool:
+        worked = False
+        for sid, queue in self._rounds.items():
+            if not queue:
+                continue
+            if self._comm_requests.get(sid) is not None:
+                self._start_entries(sid)
+            while queue:
+                entry = queue[0]
+                if entry.launch.send is not None:
+                    if entry.requests is None or not self.transport.done(entry.requests):
+                        break
+                queue.popleft()
+                self._complete(self._by_id[sid], entry)
+                worked = True
+        return worked
+
+    def _complete(self, stream: RankStream, entry: _RoundEntry) -> None:
+        launch = entry.launch
+        waiter = stream.complete(launch, entry.recv)
+        self.stats.round_completed(stream.name, waiter.results[-1] if waiter is not None else stream.results[-1])
+        if waiter is not None:
+            self._finish(stream, waiter)
+        if self.coordinator is not None and not stream.sync and launch.facts is not None \
+                and launch.facts.round is not None:
+            self._broadcast(self.coordinator.on_round_complete(stream.id, launch.round))
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _progress_helpers(self) -> bool:
+        worked = False
+        while True:
+            if self._helper is None:
+                if not self._helpers:
+                    return worked
+                start, handle = self._helpers.popleft()
+                generator = start()
+                self._helper = (generator, handle, None)
+                request = None
+            else:
+                generator, handle, request = self._helper
+                if not request.Test():
+                    return worked
+            worked = True
+            try:
+                request = generator.send(None)
+                self._helper = (generator, handle, request)
+            except StopIteration as stop:
+                self._helper = None
+                self._pending_handles.discard(handle)
+                handle.set_result(stop.value)
+            except HvdPartialError as err:  # e.g. ranks disagree on a helper's arguments
+                self._helper = None
+                self._pending_handles.discard(handle)
+                handle.set_error(err)
+
+    # -- shutdown ---------------------------------------------------------------------
+
+    def _progress_leaving(self) -> bool:
+        worked = False
+        for sid in sorted(self._to_flush):
+            stream = self._by_id[sid]
+            if stream.waiter is None:
+                self._to_coordinator(stream.flush(Waiter("flush")))
+                self._to_flush.discard(sid)
+                self._flushed.add(sid)
+                worked = True
+        if not self._to_flush and self._goodbye_sent != frozenset(self._flushed):
+            self._goodbye_sent = frozenset(self._flushed)
+            self._to_coordinator(Goodbye(self.rank, tuple(sorted(self._flushed))))
+            worked = True
+        return worked
+
+    # -- liveness and failure ----------------------------------------------------------
+
+    def _liveness(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_heartbeat:
+            self._next_heartbeat = now + self.config.heartbeat_seconds
+            for dest in range(self.size):
+                if dest != self.rank:
+                    self.transport.send(dest, TAG_HEARTBEAT, Heartbeat(self.rank))
+        limit = self.config.failure_timeout_seconds
+        for peer, heard in enumerate(self._last_heard):
+            if peer != self.rank and now - heard > limit:
+                self._fail(RankFailedError(peer, f"no message from it for {now - heard:.1f} s "
+                                                 f"(failure_timeout_seconds={limit:g}): it died, hung or was stopped"),
+                           notify=True)
+                return
+
+    def _fail(self, error: HvdPartialError, notify: bool, local: bool = False) -> None:
+        if self.failure is not None:
+            return
+        self.failure = error
+        if local:
+            log.error("rank %d: %s; telling the other ranks", self.rank, getattr(error, "reason", error))
+        else:
+            log.error("rank %d: %s", self.rank, error)
+        if notify:
+            reason = getattr(error, "reason", str(error))
+            origin = getattr(error, "rank", self.rank)
+            if not isinstance(error, RankFailedError) or error.rank is None:
+                origin = self.rank
+            for dest in range(self.size):
+                if dest != self.rank and dest != getattr(error, "rank", None):
+                    try:
+                        self.transport.send(dest, TAG_FAILURE, Failure(origin, reason))
+                    except Exception:  # noqa: BLE001 - best effort towards a broken peer
+                        pass
+        waiters = list(self._pending_handles)
+        if self._shutdown_handle is not None:
+            waiters.append(self._shutdown_handle)
+        for handle in waiters:
+            handle.set_error(error)
+        self._pending_handles.clear()
+

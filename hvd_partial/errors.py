@@ -1,0 +1,58 @@
+"""Exception classes raised by hvd_partial.
+
+Every error the library raises derives from :class:`HvdPartialError`, so a
+training script can catch them all at once::
+
+    try:
+        hvd.partial_allreduce(grad, "grads")
+    except hvd.RankFailedError as err:
+        print("rank", err.rank, "failed")
+"""
+
+from __future__ import annotations
+
+
+class HvdPartialError(RuntimeError):
+    """Base class of every error raised by hvd_partial."""
+
+
+class NotInitializedError(HvdPartialError):
+    """A call was made before ``init()`` or after ``shutdown()``."""
+
+
+class ConfigError(HvdPartialError, ValueError):
+    """A configuration value (argument or environment variable) is invalid."""
+
+
+class UnsupportedInputError(HvdPartialError, TypeError):
+    """An array has a dtype, layout or device the library does not handle."""
+
+
+class StreamConflictError(HvdPartialError):
+    """A stream name was reused on this rank with another shape, dtype, mode or op,
+    or a stream already has a post that was not synchronized."""
+
+
+class MismatchError(HvdPartialError):
+    """Ranks disagree about a stream (shape, dtype, mode, op or staleness bound).
+
+    Raised on every rank; the message names the ranks and what differs.
+    """
+
+
+class RankFailedError(HvdPartialError):
+    """Another rank raised, died or stopped answering.
+
+    ``rank`` is the rank that failed (or ``None`` when it is unknown) and
+    ``reason`` says what was observed.
+    """
+
+    def __init__(self, rank: int | None, reason: str):
+        self.rank = rank
+        self.reason = reason
+        who = f"rank {rank}" if rank is not None else "a remote rank"
+        super().__init__(f"{who} failed: {reason}")
+
+
+class EngineError(HvdPartialError):
+    """The background engine hit an internal error; the message says which."""

@@ -1,0 +1,1 @@
+"""Transports: MPI for real runs, an in-process loopback for tests."""

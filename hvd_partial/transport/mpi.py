@@ -1,0 +1,149 @@
+"""The MPI transport: every MPI call of hvd_partial after ``init`` goes through
+this module, and only the engine thread makes them.
+
+It owns three private duplicates of the user's communicator: one for control
+messages (point-to-point, pickled), one for the Horovod-style helpers, and
+one from which each stream's own communicator is duplicated, so that
+collectives of different streams never have to be ordered against each other.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+
+import numpy as np
+from mpi4py import MPI
+
+from ..errors import EngineError
+
+log = logging.getLogger("hvd_partial.transport")
+
+TAG_TO_COORDINATOR = 11
+TAG_FROM_COORDINATOR = 12
+TAG_HEARTBEAT = 13
+TAG_FAILURE = 14
+
+
+def thread_level_name(level: int) -> str:
+    return {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
+            MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED", MPI.THREAD_MULTIPLE: "MPI_THREAD_MULTIPLE"}.get(
+        level, str(level))
+
+
+class MpiTransport:
+    """Point-to-point control messages and nonblocking collectives over MPI."""
+
+    def __init__(self, comm=None):
+        comm = MPI.COMM_WORLD if comm is None else comm
+        level = MPI.Query_thread()
+        if level < MPI.THREAD_SERIALIZED:
+            raise EngineError(
+                f"MPI granted {thread_level_name(level)}; hvd_partial's engine thread needs at least "
+                "MPI_THREAD_SERIALIZED (MPI_THREAD_MULTIPLE if your code also calls MPI). "
+                "Do not set mpi4py.rc.thread_level below 'multiple'.")
+        if level < MPI.THREAD_MULTIPLE:
+            log.warning("MPI granted %s: do not call MPI from your own threads while hvd_partial runs",
+                        thread_level_name(level))
+        self.thread_level = level
+        self.user_comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.control = comm.Dup()
+        self.helpers = comm.Dup()
+        self.factory = comm.Dup()
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.local_rank = node.Get_rank()
+        self.local_size = node.Get_size()
+        node.Free()
+        self._sends: list = []
+        self._status = MPI.Status()
+
+    # -- collective start-up, called by init before the engine thread starts ----
+
+    def barrier(self):
+        self.control.Barrier()
+
+    # -- control messages --------------------------------------------------------
+
+    def send(self, dest: int, tag: int, message) -> None:
+        self._sends.append(self.control.isend(message, dest=dest, tag=tag))
+
+    def receive(self) -> list[tuple[int, int, object]]:
+        """Every control message that has arrived: (source, tag, message)."""
+        out = []
+        while True:
+            handle = self.control.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, self._status)
+            if handle is None:
+                return out
+            source, tag = self._status.Get_source(), self._status.Get_tag()
+            out.append((source, tag, handle.recv()))
+
+    def progress_sends(self) -> int:
+        """Drop completed sends; returns how many are still outstanding."""
+        if self._sends:
+            self._sends = [r for r in self._sends if not r.Test()]
+        return len(self._sends)
+
+    # -- stream communicators and reductions -------------------------------------
+
+    def new_stream_comm(self):
+        """Start duplicating a communicator for a new stream: (comm, request)."""
+        return self.factory.Idup()
+
+    @staticmethod
+    def iallreduce(comm, send: np.ndarray, recv: np.ndarray):
+        return comm.Iallreduce(send, recv, op=MPI.SUM)
+
+    @staticmethod
+    def done(requests) -> bool:
+        return MPI.Request.Testall(requests)
+
+    # -- helper collectives: generators that yield requests ----------------------
+
+    def op_allreduce(self, array: np.ndarray):
+        recv = np.empty_like(array)
+        yield self.helpers.Iallreduce(array, recv, op=MPI.SUM)
+        return recv
+
+    def op_broadcast(self, array: np.ndarray, root: int):
+        buf = np.array(array, copy=True) if self.rank == root else np.empty_like(array)
+        yield self.helpers.Ibcast(buf, root=root)
+        return buf
+
+    def op_barrier(self):
+        yield self.helpers.Ibarrier()
+        return None
+
+    def op_broadcast_object(self, obj, root: int):
+        payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if self.rank == root else None
+        length = np.array([payload.size if payload is not None else 0], dtype=np.int64)
+        yield self.helpers.Ibcast(length, root=root)
+        if payload is None:
+            payload = np.empty(int(length[0]), dtype=np.uint8)
+        else:
+            payload = payload.copy()
+        yield self.helpers.Ibcast(payload, root=root)
+        return obj if self.rank == root else pickle.loads(payload.tobytes())
+
+    def op_allgather_object(self, obj):
+        mine = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy()
+        lengths = np.empty(self.size, dtype=np.int64)
+        yield self.helpers.Iallgather(np.array([mine.size], dtype=np.int64), lengths)
+        gathered = np.empty(int(lengths.sum()), dtype=np.uint8)
+        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        yield self.helpers.Iallgatherv(mine, [gathered, lengths, offsets, MPI.BYTE])
+        return [pickle.loads(gathered[o:o + n].tobytes()) for o, n in zip(offsets, lengths)]
+
+    # -- teardown ------------------------------------------------------------------
+
+    def free(self):
+        for comm in (self.control, self.helpers, self.factory):
+            try:
+                comm.Free()
+            except MPI.Exception:  # pragma: no cover - freeing after a failure
+                pass
+
+    @staticmethod
+    def library_version() -> str:
+        return MPI.Get_library_version().strip().splitlines()[0]

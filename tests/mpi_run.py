@@ -1,0 +1,90 @@
+"""Run a worker script under ``mpiexec`` from pytest, with a timeout that kills
+the whole job and reports which ranks never finished.
+
+Workers call ``workers.support.report(value)`` to hand a JSON-able result to
+the test and ``workers.support.phase(text)`` to say what they are doing, so a
+hung rank can be named with its last phase.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from hvd_partial.launch import mpiexec_command
+
+WORKERS = Path(__file__).parent / "workers"
+ROOT = Path(__file__).parent.parent
+
+
+@dataclass
+class MpiResult:
+    nprocs: int
+    returncode: int
+    stdout: str
+    stderr: str
+    results: dict = field(default_factory=dict)  # rank -> reported value
+    phases: dict = field(default_factory=dict)  # rank -> last phase
+    elapsed: float = 0.0
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+    def tail(self, n: int = 4000) -> str:
+        return f"--- stdout ---\n{self.stdout[-n:]}\n--- stderr ---\n{self.stderr[-n:]}"
+
+
+def run_mpi(worker: str, nprocs: int, *args, timeout: float = 90, env: dict | None = None,
+            expect_success: bool = True, keep_survivors: bool = False) -> MpiResult:
+    """Run ``tests/workers/<worker>`` on ``nprocs`` ranks; fail the test on a
+    timeout (naming the ranks that never finished) or, with
+    ``expect_success``, on a non-zero exit."""
+    import time
+
+    out_dir = tempfile.mkdtemp(prefix="hvdp-test-")
+    script = WORKERS / worker
+    cmd = mpiexec_command(nprocs, [sys.executable, str(script), *map(str, args)], keep_survivors=keep_survivors)
+    full_env = dict(os.environ)
+    full_env.update({"HVD_TEST_OUT": out_dir, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}",
+                     "PYTHONUNBUFFERED": "1"})
+    full_env.update(env or {})
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        timed_out = True
+    result = MpiResult(nprocs, proc.returncode, stdout, stderr, elapsed=time.monotonic() - started)
+    for rank in range(nprocs):
+        path = Path(out_dir, f"rank{rank}.json")
+        if path.exists():
+            result.results[rank] = json.loads(path.read_text())
+        phase = Path(out_dir, f"rank{rank}.phase")
+        if phase.exists():
+            result.phases[rank] = phase.read_text()
+    if timed_out:
+        hung = [r for r in range(nprocs) if r not in result.results]
+        detail = ", ".join(f"rank {r} (last phase: {result.phases.get(r, 'never started')})" for r in hung)
+        pytest.fail(f"mpiexec -n {nprocs} {worker} timed out after {timeout:.0f} s and was killed; "
+                    f"ranks that never finished: {detail or 'none (all reported, the job did not exit)'}\n"
+                    + result.tail())
+    if expect_success and proc.returncode != 0:
+        pytest.fail(f"mpiexec -n {nprocs} {worker} exited with {proc.returncode}\n" + result.tail())
+    if expect_success:
+        missing = [r for r in range(nprocs) if r not in result.results]
+        if missing:
+            pytest.fail(f"ranks {missing} exited without reporting a result\n" + result.tail())
+    return result
