@@ -16,7 +16,7 @@ from .core.round_result import RoundResult
 from .engine.handle import Handle
 from .errors import (ConfigError, EngineError, HvdPartialError, MismatchError, NotInitializedError, RankFailedError,
                      StreamConflictError, UnsupportedInputError)
-from .modes import Average, Majority, ReduceOp, Solo, Sum, Sync
+from .modes import Average, Majority, ReduceOp, Solo, Sum, Sync, mode_from_name
 
 __version__ = "0.1.0"
 
@@ -24,7 +24,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "config",
     "partial_allreduce_async", "grouped_partial_allreduce_async", "partial_allreduce", "poll", "synchronize",
     "flush", "allreduce", "broadcast", "broadcast_object", "allgather_object", "barrier", "stats",
-    "Sync", "Solo", "Majority", "Average", "Sum", "ReduceOp", "RoundResult", "Handle", "Config",
+    "Sync", "Solo", "Majority", "Average", "Sum", "ReduceOp", "mode_from_name", "RoundResult", "Handle", "Config",
     "HvdPartialError", "NotInitializedError", "ConfigError", "UnsupportedInputError", "StreamConflictError",
     "MismatchError", "RankFailedError", "EngineError", "__version__",
 ]

@@ -1,0 +1,116 @@
+"""Bad input, helpers and failures under mpiexec: clear errors on every rank, no hangs."""
+
+import pytest
+
+from mpi_run import run_mpi
+
+pytestmark = pytest.mark.mpi
+
+
+def test_calls_before_init_and_after_shutdown_fail_clearly():
+    res = run_mpi("engine_cases.py", 2, "before_init")
+    for rep in res.results.values():
+        assert rep["post"].startswith("NotInitializedError") and "before init" in rep["post"]
+        assert "after shutdown" in rep["after"] and "after shutdown" in rep["flush_after"]
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_sync_equals_plain_mpi_allreduce_bitwise(nprocs):
+    res = run_mpi("engine_cases.py", nprocs, "sync_equals_allreduce")
+    for rank, rep in res.results.items():
+        assert rep["same"], f"rank {rank}: sync result differs from MPI.Allreduce"
+        total = sum(r + 1 for r in range(nprocs))
+        assert rep["helper"] == [i * total for i in range(5)]
+
+
+def test_grouped_stream_mixed_dtypes():
+    nprocs = 3
+    res = run_mpi("engine_cases.py", nprocs, "grouped")
+    posts = 5
+    for rep in res.results.values():
+        assert rep["shapes"] == [[2, 3], [4], [5]]
+        assert rep["dtypes"] == ["float32", "float64", "float32"]
+        assert rep["totals"][0] == [[posts * sum(range(nprocs))] * 3] * 2
+        assert rep["totals"][1] == [posts * sum(range(nprocs)) * i for i in range(4)]
+        assert rep["totals"][2] == [posts * sum(r + 1 for r in range(nprocs))] * 5
+
+
+def test_helpers_and_helper_mismatch():
+    nprocs = 3
+    res = run_mpi("engine_cases.py", nprocs, "helpers")
+    for rank, rep in res.results.items():
+        assert rep["bcast"] == [2.0, 3.0, 4.0]
+        assert rep["obj"] == {"from": 2}
+        assert rep["gather"] == [["r", r] for r in range(nprocs)]
+        assert rep["avg"] == [1.0]
+        assert "MismatchError" in rep["mismatch"] and "rank 0" in rep["mismatch"]
+        assert rep["still_works"] == [3.0]
+
+
+@pytest.mark.parametrize("case, word", [("shape_mismatch", "layout"), ("dtype_mismatch", "float64"),
+                                        ("mode_mismatch", "majority")])
+def test_stream_mismatch_raises_on_every_rank(case, word):
+    nprocs = 3
+    res = run_mpi("engine_cases.py", nprocs, case)
+    for rank, rep in res.results.items():
+        assert rep["error"].startswith("MismatchError"), rep
+        assert "rank 1 differs from rank 0" in rep["error"] and word in rep["error"]
+        assert rep["after"] == [3.0, 3.0]
+
+
+def test_local_misuse_raises_specific_errors():
+    res = run_mpi("engine_cases.py", 2, "local_misuse")
+    for rep in res.results.values():
+        assert "StreamConflictError" in rep["reshape"] and "layout" in rep["reshape"]
+        assert "StreamConflictError" in rep["remode"] and "mode" in rep["remode"]
+        assert "C-contiguous" in rep["noncontig"]
+        assert "complex64" in rep["dtype"] and "bool" in rep["bool"]
+        assert "numpy.ndarray" in rep["list"]
+        assert "Average" in rep["int_avg"]
+        assert rep["bad_mode"].startswith("TypeError")
+        assert rep["bad_tau"].startswith("ConfigError")
+        assert "synchronize it before posting again" in rep["double_post"]
+        assert "never posted" in rep["flush_unknown"]
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_uncaught_exception_on_one_rank_fails_the_others_naming_it(nprocs):
+    res = run_mpi("engine_cases.py", nprocs, "raise", timeout=60, expect_success=False, keep_survivors=True)
+    assert res.returncode != 0
+    assert "injected failure in the training step" in res.stderr
+    survivors = [r for r in range(nprocs) if r != 1]
+    for r in survivors:
+        rep = res.results[r]
+        assert rep["failed_rank"] == 1, rep
+        assert "rank 1 failed" in rep["error"] and "ValueError" in rep["error"]
+        assert rep["seconds"] < 15  # told by the failing rank, not by the 30 s liveness timeout
+    assert res.elapsed < 45
+
+
+def test_stopped_rank_is_detected_by_liveness_and_named():
+    nprocs = 3
+    res = run_mpi("engine_cases.py", nprocs, "stop", timeout=60, expect_success=False)
+    assert res.returncode != 0
+    reports = [res.results[r] for r in (0, 2) if r in res.results]
+    assert reports, f"no survivor reported\n{res.tail()}"
+    for rep in reports:
+        assert rep["failed_rank"] == 1 and "no message from it" in rep["error"]
+    assert res.elapsed < 40
+
+
+def test_killed_rank_ends_the_job_in_bounded_time():
+    # Under MPICH's Hydra a killed process takes the job down (its survivors
+    # too); what must never happen is a hang. Where the launcher leaves the
+    # survivors running, they name the rank (as in the SIGSTOP test).
+    nprocs = 3
+    res = run_mpi("engine_cases.py", nprocs, "die", timeout=60, expect_success=False, keep_survivors=True)
+    assert res.returncode != 0
+    assert "Killed" in res.output or any(rep.get("failed_rank") == 1 for rep in res.results.values())
+    assert res.elapsed < 40
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_async_post_then_flush_loses_nothing(nprocs):
+    res = run_mpi("engine_cases.py", nprocs, "shutdown_in_flight")
+    for rep in res.results.values():
+        assert rep["summed"] == [1.0] * (nprocs * 7)

@@ -1,0 +1,176 @@
+"""Single-purpose multi-process scenarios, chosen by the first argument."""
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from support import phase, report
+
+import hvd_partial as hvd
+
+case = sys.argv[1]
+
+
+def expect(exc_type, fn, *args, **kwargs):
+    try:
+        fn(*args, **kwargs)
+    except exc_type as err:
+        return f"{type(err).__name__}: {err}"
+    raise AssertionError(f"{fn.__name__} did not raise {exc_type.__name__}")
+
+
+if case == "before_init":
+    out = {"post": expect(hvd.NotInitializedError, hvd.partial_allreduce, np.ones(2), "x"),
+           "rank": expect(hvd.NotInitializedError, hvd.rank)}
+    hvd.init()
+    hvd.partial_allreduce(np.ones(2), "x", mode=hvd.Sync())
+    hvd.shutdown()
+    out["after"] = expect(hvd.NotInitializedError, hvd.partial_allreduce, np.ones(2), "x")
+    out["flush_after"] = expect(hvd.NotInitializedError, hvd.flush, "x")
+    report(out)
+
+elif case == "sync_equals_allreduce":
+    hvd.init()
+    rank = hvd.rank()
+    rng = np.random.default_rng(100 + rank)
+    same = True
+    for step, n in enumerate([1, 7, 1000, 70_000]):
+        for dtype in (np.float32, np.float64):
+            x = rng.standard_normal(n).astype(dtype)
+            expected = np.empty_like(x)
+            MPI.COMM_WORLD.Allreduce(x, expected, op=MPI.SUM)
+            (got,) = hvd.partial_allreduce(x, f"s{n}{np.dtype(dtype).name}", mode=hvd.Sync(), op=hvd.Sum)
+            avg = hvd.partial_allreduce(x, f"a{n}{np.dtype(dtype).name}", mode=hvd.Sync())[0].array
+            same &= bool(np.array_equal(got.array, expected))
+            same &= bool(np.array_equal(avg, expected / hvd.size()))
+    helper = hvd.allreduce(np.arange(5.0) * (rank + 1), op=hvd.Sum)
+    report({"same": same, "helper": helper})
+    hvd.shutdown()
+
+elif case == "grouped":
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    arrays = [np.full((2, 3), rank, np.float32), np.arange(4, dtype=np.float64) * rank,
+              np.full(5, rank + 1, np.float32)]
+    rounds = []
+    for step in range(5):
+        rounds += hvd.synchronize(hvd.grouped_partial_allreduce_async(arrays, "group", op=hvd.Sum))
+    rounds += hvd.flush("group")
+    totals = [np.sum([r.arrays[i] for r in rounds], axis=0) for i in range(3)]
+    report({"totals": totals, "shapes": [list(a.shape) for a in rounds[0].arrays],
+            "dtypes": [a.dtype.name for a in rounds[0].arrays]})
+    hvd.shutdown()
+
+elif case == "helpers":
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    out = {
+        "bcast": hvd.broadcast(np.arange(3.0) + rank, root_rank=size - 1),
+        "obj": hvd.broadcast_object({"from": rank}, root_rank=size - 1),
+        "gather": hvd.allgather_object(("r", rank)),
+        "avg": hvd.allreduce(np.array([float(rank)])),
+    }
+    hvd.barrier()
+    out["mismatch"] = expect(hvd.MismatchError, hvd.allreduce, np.ones(2 + (rank == 0)))
+    out["still_works"] = hvd.allreduce(np.ones(1), op=hvd.Sum)
+    report(out)
+    hvd.shutdown()
+
+elif case == "shape_mismatch" or case == "dtype_mismatch" or case == "mode_mismatch":
+    hvd.init()
+    rank = hvd.rank()
+    x = np.ones(4, np.float32)
+    mode = hvd.Solo()
+    if rank == 1:
+        if case == "shape_mismatch":
+            x = np.ones(5, np.float32)
+        elif case == "dtype_mismatch":
+            x = np.ones(4, np.float64)
+        else:
+            mode = hvd.Majority()
+    out = {"error": expect(hvd.MismatchError, hvd.partial_allreduce, x, "grads", mode=mode)}
+    # The library stays usable after the failed registration.
+    out["after"] = hvd.partial_allreduce(np.ones(2), "other", mode=hvd.Sync(), op=hvd.Sum)[0].array
+    report(out)
+    hvd.shutdown()
+
+elif case == "local_misuse":
+    hvd.init()
+    out = {}
+    hvd.partial_allreduce(np.ones(4), "grads", mode=hvd.Solo())
+    out["reshape"] = expect(hvd.StreamConflictError, hvd.partial_allreduce, np.ones(5), "grads")
+    out["remode"] = expect(hvd.StreamConflictError, hvd.partial_allreduce, np.ones(4), "grads", mode=hvd.Sync())
+    out["noncontig"] = expect(hvd.UnsupportedInputError, hvd.partial_allreduce, np.ones((4, 4))[:, 0], "nc")
+    out["dtype"] = expect(hvd.UnsupportedInputError, hvd.partial_allreduce, np.ones(4, np.complex64), "c")
+    out["bool"] = expect(hvd.UnsupportedInputError, hvd.partial_allreduce, np.ones(4, bool), "b")
+    out["list"] = expect(hvd.UnsupportedInputError, hvd.partial_allreduce, [1.0, 2.0], "l")
+    out["int_avg"] = expect(hvd.UnsupportedInputError, hvd.partial_allreduce, np.ones(4, np.int64), "i")
+    out["bad_mode"] = expect(TypeError, hvd.partial_allreduce, np.ones(4), "m", mode="solo")
+    out["bad_tau"] = expect(hvd.ConfigError, hvd.partial_allreduce, np.ones(4), "t", max_staleness=-1)
+    handle = hvd.partial_allreduce_async(np.ones(4), "grads")
+    second = hvd.partial_allreduce_async(np.ones(4), "grads")
+    out["double_post"] = expect(hvd.StreamConflictError, hvd.synchronize, second)
+    hvd.synchronize(handle)
+    out["flush_unknown"] = expect(hvd.StreamConflictError, hvd.flush, "never-posted")
+    hvd.flush("grads")
+    report(out)
+    hvd.shutdown()
+
+elif case == "raise":
+    # Rank 1 dies of an uncaught exception mid-run; the others must fail fast.
+    hvd.init(failure_timeout_seconds=30)
+    rank = hvd.rank()
+    phase("posting")
+    started = time.monotonic()
+    try:
+        for step in range(1000):
+            if rank == 1 and step == 5:
+                raise ValueError("injected failure in the training step")
+            hvd.partial_allreduce(np.ones(8), "grads", mode=hvd.Sync())
+            time.sleep(0.01)
+        report({"error": None})
+    except hvd.RankFailedError as err:
+        report({"error": str(err), "failed_rank": err.rank, "seconds": time.monotonic() - started})
+        raise
+
+elif case in ("die", "stop"):
+    # Rank 1 is killed (SIGKILL) or frozen (SIGSTOP) with no Python exit path;
+    # the others notice through liveness, or the launcher tears the job down.
+    hvd.init(failure_timeout_seconds=3, heartbeat_seconds=0.5)
+    rank = hvd.rank()
+    phase("posting")
+    try:
+        for step in range(100000):
+            if rank == 1 and step == 5:
+                os.kill(os.getpid(), signal.SIGKILL if case == "die" else signal.SIGSTOP)
+            hvd.partial_allreduce(np.ones(8), "grads", mode=hvd.Solo())
+            time.sleep(0.01)
+        report({"error": None})
+    except hvd.RankFailedError as err:
+        report({"error": str(err), "failed_rank": err.rank})
+        raise
+
+elif case == "shutdown_in_flight":
+    # Posts never synchronized, then shutdown: nothing posted may be lost.
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    got = []
+    for step in range(6):
+        x = np.zeros(size * 7)
+        x[rank * 7 + step] = 1.0
+        got += hvd.partial_allreduce(x, "s", mode=hvd.Solo(), op=hvd.Sum)
+        time.sleep(0.002 * rank)
+    last = np.zeros(size * 7)
+    last[rank * 7 + 6] = 1.0
+    handle = hvd.partial_allreduce_async(last, "s", mode=hvd.Solo(), op=hvd.Sum)
+    got += hvd.synchronize(handle)
+    got += hvd.flush("s")
+    report({"summed": np.sum([r.array for r in got], axis=0)})
+    hvd.shutdown()
+
+else:
+    raise SystemExit(f"unknown case {case}")

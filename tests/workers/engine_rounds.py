@@ -1,0 +1,53 @@
+"""Posts one-hot contributions under a chosen mode with one slow rank, and
+reports every round taken, so the test can check conservation, consistency,
+staleness and the mode's rules across ranks.
+
+usage: engine_rounds.py MODE STEPS TAU SLOW_RANK FAST_S SLOW_S [QUORUM] [SEED]
+"""
+
+import sys
+import time
+
+import numpy as np
+
+from support import digest, phase, report
+
+import hvd_partial as hvd
+
+mode_name, steps, tau, slow_rank, fast_s, slow_s = sys.argv[1:7]
+steps, tau, slow_rank, fast_s, slow_s = int(steps), int(tau), int(slow_rank), float(fast_s), float(slow_s)
+quorum = int(sys.argv[7]) if len(sys.argv) > 7 and sys.argv[7] != "none" else None
+seed = int(sys.argv[8]) if len(sys.argv) > 8 else 0
+
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+mode = hvd.mode_from_name(mode_name, seed=seed, quorum=quorum)
+total = size * steps
+taken = []
+rounds_per_post = []
+phase("posting")
+started = time.perf_counter()
+for step in range(steps):
+    time.sleep(slow_s if rank == slow_rank else fast_s)
+    grad = np.zeros(total)
+    grad[rank * steps + step] = 1.0
+    results = hvd.partial_allreduce(grad, "grads", mode=mode, op=hvd.Sum, max_staleness=tau)
+    rounds_per_post.append(len(results))
+    taken += results
+post_seconds = time.perf_counter() - started
+phase("flush")
+# Rounds before this index were started before this rank entered flush.
+taken_before_flush = len(taken)
+taken += hvd.flush("grads")
+summed = np.sum([r.array for r in taken], axis=0)
+stats = hvd.stats()["grads"]
+report({
+    "rounds": [[r.round, r.initiator, r.contributors, {str(k): v for k, v in r.staleness.items()},
+                digest([r.array]), r.flush] for r in taken],
+    "summed": summed,
+    "rounds_per_post": rounds_per_post,
+    "post_seconds": post_seconds,
+    "taken_before_flush": taken_before_flush,
+    "stats": stats,
+})
+hvd.shutdown()
