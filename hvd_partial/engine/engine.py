@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..config import Config
+from ..core.buffer_pool import BufferPool
 from ..core.coordinator import Coordinator
 from ..core.fusion import Layout
 from ..core.messages import (Closed, Failure, Flush, Goodbye, Heartbeat, Post, Register, Registered, Rejected,
@@ -106,6 +107,7 @@ class Engine:
         self._comms: dict[int, Any] = {}
         self._comm_requests: dict[int, Any] = {}
         self._rounds: dict[int, deque] = {}
+        self._pools: dict[int, BufferPool] = {}
         self._local_inbox: deque = deque()  # rank 0: the coordinator's messages to itself
         self._coordinator_inbox: deque = deque()  # rank 0: its own messages to the coordinator
         self._helpers: deque = deque()
@@ -122,6 +124,7 @@ class Engine:
         now = time.monotonic()
         self._last_heard = [now] * self.size
         self._next_heartbeat = now
+        self._next_liveness_check = now
         self._thread = threading.Thread(target=self._run, name=f"hvd_partial-engine-{self.rank}", daemon=True)
 
     # ===== compute-thread side =====================================================
@@ -202,6 +205,8 @@ class Engine:
     def _run(self) -> None:
         idle = 0
         poll_max = self.config.idle_poll_ms / 1000.0
+        if self.coordinator is not None:
+            poll_max /= 4  # other ranks' activations pass through here
         try:
             while not self._stopped.is_set():
                 worked = self._step()
@@ -211,15 +216,18 @@ class Engine:
                     idle = 0
                     continue
                 idle += 1
-                if self._rounds_in_flight() or self._helper is not None:
-                    # A reduction progresses only inside MPI calls: stay close.
-                    if idle < 256:
+                if self._rounds_in_flight() or self._helper is not None or self._pending_handles:
+                    # A reduction progresses only inside MPI calls, and a waiting
+                    # compute thread leaves the CPU free: poll closely, yielding.
+                    if idle < 5000:
                         os.sched_yield()
                     else:
-                        time.sleep(min(poll_max, 2e-5 * (idle - 255)))
+                        time.sleep(1e-4)
                 else:
-                    self._wake.wait(min(poll_max, 2e-5 * idle))
+                    # Nothing in flight: back off, but wake at once on a new command.
                     self._wake.clear()
+                    if not self._commands:
+                        self._wake.wait(min(poll_max, 2e-5 * idle))
         except BaseException as exc:  # the engine must never die silently
             log.exception("hvd_partial engine of rank %d crashed", self.rank)
             self._fail(EngineError(f"engine of rank {self.rank} crashed: {exc!r}"), notify=True)
@@ -408,6 +416,7 @@ class Engine:
         self._comms[message.stream] = comm
         self._comm_requests[message.stream] = request
         self._rounds[message.stream] = deque()
+        self._pools[message.stream] = BufferPool()
         waiter = self._held.pop(message.name)
         cmd = self._held_commands.pop(message.name)
         msg, launch, done = stream.post(cmd.buffers, cmd.owned, waiter, registered=False)
@@ -436,10 +445,10 @@ class Engine:
                 return
             self._comm_requests[sid] = None
         comm = self._comms[sid]
-        layout = self._by_id[sid].layout
+        specs = self._by_id[sid].layout.buffer_specs()
         for entry in self._rounds[sid]:
             if entry.requests is None and entry.launch.send is not None:
-                entry.recv = layout.empty()
+                entry.recv = self._pools[sid].take(specs)
                 entry.requests = [self.transport.iallreduce(comm, s, r)
                                   for s, r in zip(entry.launch.send, entry.recv)]
 
@@ -520,6 +529,9 @@ class Engine:
 
     def _liveness(self) -> None:
         now = time.monotonic()
+        if now < self._next_liveness_check:
+            return
+        self._next_liveness_check = now + 0.01
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self.config.heartbeat_seconds
             for dest in range(self.size):

@@ -16,38 +16,49 @@ class Handle:
         results = hvd.synchronize(handle)
     """
 
-    __slots__ = ("name", "_event", "_value", "_error", "posted_at", "finished_at", "_consumed")
+    __slots__ = ("name", "_signal", "_done", "_value", "_error", "posted_at", "finished_at")
 
     def __init__(self, name: str):
         self.name = name
-        self._event = threading.Event()
+        # A bare lock, held until the engine finishes: cheaper to hand over
+        # than threading.Event, and this is on every post's path.
+        self._signal = threading.Lock()
+        self._signal.acquire()
+        self._done = False
         self._value = None
         self._error: BaseException | None = None
         self.posted_at = time.perf_counter()
         self.finished_at: float | None = None
-        self._consumed = False
 
     # engine side
     def set_result(self, value) -> None:
-        if self._event.is_set():
+        if self._done:
             return
         self._value = value
-        self.finished_at = time.perf_counter()
-        self._event.set()
+        self._finish()
 
     def set_error(self, error: BaseException) -> None:
-        if self._event.is_set():
+        if self._done:
             return
         self._error = error
+        self._finish()
+
+    def _finish(self) -> None:
         self.finished_at = time.perf_counter()
-        self._event.set()
+        self._done = True
+        self._signal.release()
 
     # compute side
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def wait(self, timeout: float | None = None) -> bool:
-        return self._event.wait(timeout)
+        if self._done:
+            return True
+        if self._signal.acquire(timeout=-1 if timeout is None else timeout):
+            self._signal.release()  # let any other waiter through too
+            return True
+        return self._done
 
     def value(self):
         if self._error is not None:

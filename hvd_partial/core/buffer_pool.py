@@ -1,0 +1,49 @@
+"""Reuse of result buffers that callers have let go of.
+
+Every round's result is a buffer the caller owns. Allocating it fresh each
+round costs a page fault per page (for a large buffer, about as much as the
+reduction itself), so buffers are recycled once nothing outside the pool
+refers to them any more: not the result, not a view of it, not a tensor made
+from it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+# References to a pooled array while it is being checked: the pool's list,
+# the loop variable and getrefcount's own argument.
+_POOL_ONLY_REFS = 3
+
+
+class BufferPool:
+    """Flat buffers for one stream's results.
+
+    Example::
+
+        pool = BufferPool(keep=3)
+        buffers = pool.take([(1024, "float32")])
+    """
+
+    def __init__(self, keep: int = 3):
+        self.keep = keep
+        self._buffers: dict[tuple[int, str], list[np.ndarray]] = {}
+        self.reused = 0
+        self.allocated = 0
+
+    def take(self, specs) -> list[np.ndarray]:
+        return [self._take_one(n, dtype) for n, dtype in specs]
+
+    def _take_one(self, n: int, dtype: str) -> np.ndarray:
+        pooled = self._buffers.setdefault((n, dtype), [])
+        for buf in pooled:
+            if sys.getrefcount(buf) <= _POOL_ONLY_REFS:
+                self.reused += 1
+                return buf
+        buf = np.empty(n, dtype=dtype)
+        self.allocated += 1
+        if len(pooled) < self.keep:
+            pooled.append(buf)
+        return buf

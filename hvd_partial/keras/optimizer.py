@@ -1,0 +1,394 @@
+"""``DistributedOptimizer``: Horovod's Keras optimizer wrapper on partial collectives.
+
+The wrapper holds the user's Keras 3 optimizer (composition: it is a Keras
+``Optimizer`` so that ``model.compile`` accepts it, and it forwards to the
+inner optimizer). Each ``apply_gradients`` posts this rank's gradients as one
+fused stream and applies every round the post took, oldest first, through the
+inner optimizer: a rank that was behind makes k updates at once (no forward or
+backward pass), so weights and optimizer variables stay identical on every
+rank. This works inside ``model.fit``'s compiled train step and in custom loops.
+
+Example::
+
+    import keras
+    import hvd_partial.keras as hvd
+
+    hvd.init()
+    opt = hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3), mode=hvd.Solo())
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    # model.fit flushed at the end of every epoch: weights are identical on every rank
+"""
+
+from __future__ import annotations
+
+import logging
+
+from .backend import require_tensorflow_backend
+
+require_tensorflow_backend()
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import hvd_partial as _core  # noqa: E402
+from ..errors import ConfigError, UnsupportedInputError  # noqa: E402
+from ..modes import Majority, Mode, ReduceOp, Solo, Sync  # noqa: E402
+from ..tensorflow.compression import Compression, Compressor  # noqa: E402
+from ..tensorflow.exchange import GradientExchange, rank_label  # noqa: E402
+from . import fit_hooks  # noqa: E402
+
+log = logging.getLogger("hvd_partial.keras")
+
+
+def mode_to_config(mode: Mode) -> dict:
+    """A JSON-able description of ``mode`` (stored in saved models)."""
+    config = {"kind": mode.kind}
+    if isinstance(mode, Majority):
+        config.update(seed=mode.seed, quorum=mode.quorum)
+    return config
+
+
+def mode_from_config(config) -> Mode:
+    """The mode saved by :func:`mode_to_config`."""
+    if isinstance(config, Mode):
+        return config
+    kind = config.get("kind")
+    if kind == "sync":
+        return Sync()
+    if kind == "solo":
+        return Solo()
+    if kind == "majority":
+        return Majority(seed=config.get("seed", 0), quorum=config.get("quorum"))
+    raise ConfigError(f"unknown mode in a saved DistributedOptimizer config: {config!r}")
+
+
+@keras.saving.register_keras_serializable(package="hvd_partial")
+class DistributedOptimizer(keras.optimizers.Optimizer):
+    """Wrap a Keras 3 ``optimizer`` so that gradients are reduced across ranks
+    with a partial (or synchronous) allreduce, and every taken round is applied.
+
+    Arguments (Horovod's, plus ``mode``, ``max_staleness`` and ``name``):
+
+    - ``optimizer``: any Keras 3 optimizer (SGD, Adam, AdamW, RMSprop, ...);
+      reachable as ``.inner_optimizer``.
+    - ``mode``: ``Solo()`` (default), ``Majority(seed, quorum)`` or ``Sync()``
+      (Horovod's semantics exactly: one round per step, every rank's fresh gradient).
+    - ``op``: ``Average`` (sum / world size) or ``Sum``.
+    - ``compression``: ``Compression.none`` or ``Compression.fp16``.
+    - ``backward_passes_per_step``: local steps whose gradients are summed
+      (averaged with ``average_aggregated_gradients=True``) before one post.
+    - ``max_staleness``: bound in rounds for solo and majority (default: the
+      ``max_staleness`` given to ``init``).
+    - ``sparse_as_dense``: reduce ``IndexedSlices`` gradients (Embedding) as
+      dense tensors; otherwise they raise ``UnsupportedInputError``.
+    - ``name``: the optimizer's name; its stream is ``"keras." + name``
+      (``distributed_<inner name>`` by default: create optimizers in the same
+      order on every rank).
+
+    ``iterations`` is the inner optimizer's: the number of updates applied,
+    identical on every rank, so learning-rate schedules of the inner optimizer
+    are functions of the round count. Call ``flush()`` (collective) before
+    reading weights in a custom loop; ``model.fit`` flushes by itself.
+
+    Example::
+
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
+                                       mode=hvd.Majority(seed=1, quorum=2))
+        model.compile(optimizer=opt, loss="mse")
+    """
+
+    def __init__(self, optimizer, mode: Mode | None = None, op: ReduceOp = _core.Average,
+                 compression: Compressor = Compression.none, backward_passes_per_step: int = 1,
+                 average_aggregated_gradients: bool = False, max_staleness: int | None = None,
+                 sparse_as_dense: bool = False, name: str | None = None, **kwargs):
+        if kwargs:
+            raise ConfigError(
+                f"DistributedOptimizer does not support argument(s) {', '.join(sorted(kwargs))}; supported: mode, "
+                "op, compression, backward_passes_per_step, average_aggregated_gradients, max_staleness, "
+                "sparse_as_dense, name")
+        if isinstance(optimizer, DistributedOptimizer):
+            raise UnsupportedInputError("the optimizer is already a DistributedOptimizer; wrap it only once")
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise UnsupportedInputError(
+                f"DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers.*), got "
+                f"{type(optimizer).__module__}.{type(optimizer).__name__}; for tf.keras 2 / tf_keras optimizers "
+                "use hvd_partial.tensorflow.DistributedGradientTape")
+        mode = Solo() if mode is None else mode
+        if not isinstance(mode, Mode):
+            raise TypeError(f"mode must be hvd_partial.Sync(), Solo() or Majority(...), got {mode!r}")
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and mode.kind != "sync":
+            # Its loss scale changes from step to step: a round that carries
+            # gradients scaled at different steps cannot be unscaled correctly.
+            raise UnsupportedInputError(
+                f"a LossScaleOptimizer (dynamic loss scaling, mixed precision) can only be wrapped with mode=Sync(); "
+                f"got mode={mode!r}")
+        if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+            raise ConfigError(f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}")
+        super().__init__(learning_rate=0.0, name=name or f"distributed_{optimizer.name}")
+        self.inner_optimizer = optimizer
+        self.backward_passes_per_step = backward_passes_per_step
+        self.average_aggregated_gradients = bool(average_aggregated_gradients)
+        self._exchange = GradientExchange(f"keras.{self.name}", mode, op, compression, max_staleness,
+                                          sparse_as_dense, owner=f"DistributedOptimizer({self.name!r})")
+        self._lr_fn = None
+        self._lr_until = None
+        self._model_variables = None
+        # Set by the epoch-flush callback while model.fit runs (see fit_hooks).
+        self._fit_flushes_epochs = False
+        fit_hooks.install()
+
+    # -- what the wrapper is ---------------------------------------------------------
+
+    @property
+    def mode(self) -> Mode:
+        return self._exchange.mode
+
+    @property
+    def op(self) -> ReduceOp:
+        return self._exchange.op
+
+    @property
+    def compression(self) -> Compressor:
+        return self._exchange.compression
+
+    @property
+    def max_staleness(self) -> int | None:
+        return self._exchange.max_staleness
+
+    @property
+    def sparse_as_dense(self) -> bool:
+        return self._exchange.sparse_as_dense
+
+    @property
+    def stream_name(self) -> str:
+        """The name of this optimizer's stream in ``hvd_partial.stats()``."""
+        return self._exchange.name
+
+    @property
+    def rounds(self) -> int:
+        """Rounds this rank has taken (including flush rounds with no data)."""
+        return self._exchange.rounds_taken
+
+    @property
+    def last_results(self) -> list:
+        """The ``RoundResult``s (facts and arrays) of the latest post or flush."""
+        return self._exchange.last_results
+
+    def stats(self) -> dict:
+        """This stream's participation report (see ``hvd_partial.stats()``)."""
+        return _core.stats().get(self.stream_name, {})
+
+    # -- forwarded to the inner optimizer ----------------------------------------------
+
+    @property
+    def iterations(self):
+        return self.inner_optimizer.iterations
+
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate):
+        self.inner_optimizer.learning_rate = learning_rate
+
+    @property
+    def variables(self):
+        return self._variables[:] + self.inner_optimizer.variables
+
+    def scale_loss(self, loss):
+        return self.inner_optimizer.scale_loss(loss)
+
+    def build(self, var_list):
+        var_list = list(var_list)
+        if not self.inner_optimizer.built:
+            self.inner_optimizer.build(var_list)
+        if self.backward_passes_per_step > 1:
+            # Local gradient sums between posts: optimizer state, so they are
+            # checkpointed; every flush leaves them at zero on every rank.
+            self._accumulators = [self.add_variable_from_reference(v, name="hvd_accumulated") for v in var_list]
+            self._passes = self.add_variable(shape=(), dtype="int32", name="hvd_passes")
+        self._model_variables = var_list
+        super().build(var_list)
+
+    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        raise UnsupportedInputError("DistributedOptimizer has no stateless_apply (it runs on TensorFlow only)")
+
+    # -- applying --------------------------------------------------------------------
+
+    def set_round_lr_schedule(self, fn, until_round: int) -> None:
+        """Set the inner optimizer's learning rate to ``fn(r)`` before update
+        ``r`` (``r = iterations``, a float32 tensor) while ``r <= until_round``;
+        later updates leave the learning rate alone. Used by
+        ``LearningRateWarmupCallback``; takes effect in functions traced after it.
+
+        Example::
+
+            opt.set_round_lr_schedule(lambda r: 0.1 * tf.minimum(1.0, (r + 1) / 100), until_round=100)
+        """
+        if fn is not None:
+            inner = self.inner_optimizer
+            try:
+                inner.learning_rate = float(inner.learning_rate)  # raises if the rate is a schedule
+            except TypeError as err:
+                raise ConfigError(
+                    f"the inner optimizer {inner.name!r} has a learning-rate schedule, which a round-driven "
+                    "schedule cannot override; create it with a float learning_rate") from err
+        self._lr_fn = fn
+        self._lr_until = until_round
+
+    def apply_gradients(self, grads_and_vars):
+        grads, variables = zip(*grads_and_vars)
+        self.apply(grads, variables)
+        return self.iterations
+
+    def apply(self, grads, trainable_variables=None):
+        """Post ``grads`` and apply every round taken (k inner updates)."""
+        grads = list(grads)
+        if not grads:
+            return
+        if trainable_variables is None:
+            if not self.built:
+                raise UnsupportedInputError(
+                    "DistributedOptimizer.apply(grads) without variables needs a built optimizer; "
+                    "call optimizer.build(model.trainable_variables) first")
+            variables = list(self._model_variables)
+        else:
+            variables = list(trainable_variables)
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(variables)
+        if self._model_variables is None or len(variables) == len(self._model_variables):
+            self._model_variables = variables
+        if tf.executing_eagerly():
+            try:
+                self._post_and_apply(grads, variables)
+            except tf.errors.OpError as err:
+                self._exchange.reraise(err)
+        else:
+            self._post_and_apply(grads, variables)
+
+    def _post_and_apply(self, grads, variables):
+        if self.backward_passes_per_step == 1:
+            self._exchange.exchange(grads, variables).apply_with(self._apply_one, variables)
+            return
+        dense = [None if g is None else self._densify(g, v) for g, v in zip(grads, variables)]
+        self._exchange.make_plan(dense, variables)  # checks the gradients before any state changes
+        index = {id(v): i for i, v in enumerate(self._model_variables)}
+        accumulators = []
+        for grad, var in zip(dense, variables):
+            if grad is None:
+                accumulators.append(None)
+                continue
+            position = index.get(id(var))
+            if position is None:
+                raise UnsupportedInputError(
+                    f"rank {rank_label()}: variable {getattr(var, 'path', var)!r} was not among the variables "
+                    "the DistributedOptimizer was built with")
+            accumulator = self._accumulators[position]
+            accumulator.assign_add(grad)
+            accumulators.append(accumulator)
+        passes = self._passes.assign_add(1)
+
+        def post():
+            self._post_accumulated(accumulators, variables)
+            return tf.constant(True)
+
+        tf.cond(passes >= self.backward_passes_per_step, post, lambda: tf.constant(False))
+
+    def _post_accumulated(self, accumulators, variables):
+        scale = 1.0 / self.backward_passes_per_step if self.average_aggregated_gradients else None
+        summed = []
+        for acc in accumulators:
+            if acc is None:
+                summed.append(None)
+                continue
+            value = tf.identity(acc.value)
+            summed.append(value * tf.cast(scale, value.dtype) if scale is not None else value)
+        rounds = self._exchange.exchange(summed, variables)
+        with tf.control_dependencies([t for t in rounds._stacked]):
+            for acc in accumulators:
+                if acc is not None:
+                    acc.assign(tf.zeros_like(acc.value))
+            self._passes.assign(0)
+        rounds.apply_with(self._apply_one, variables)
+
+    def _densify(self, grad, var):
+        if isinstance(grad, tf.IndexedSlices):
+            if not self.sparse_as_dense:
+                raise UnsupportedInputError(
+                    f"rank {rank_label()}: the gradient of {getattr(var, 'path', var)!r} is sparse "
+                    "(tf.IndexedSlices); pass sparse_as_dense=True to DistributedOptimizer")
+            return tf.convert_to_tensor(grad)
+        return grad
+
+    def _apply_one(self, grads, variables):
+        inner = self.inner_optimizer
+        if self._lr_fn is not None:
+            step = tf.cast(inner.iterations, tf.float32)
+            current = tf.convert_to_tensor(inner.learning_rate)
+            wanted = tf.cast(self._lr_fn(step), current.dtype)
+            inner.learning_rate = tf.where(step <= float(self._lr_until), wanted, current)
+        inner.apply(grads, variables)
+
+    # -- flushing --------------------------------------------------------------------
+
+    def flush(self) -> int:
+        """Collective (every rank, eagerly): take and apply every outstanding
+        round plus a final synchronous round that empties every rank's pending
+        gradients. Afterwards weights and optimizer variables are identical on
+        every rank. Returns the number of updates applied.
+
+        Example::
+
+            opt.flush()          # custom loop: before evaluation or a checkpoint
+        """
+        if self._model_variables is None:
+            return 0
+        variables = self._model_variables
+        try:
+            applied = 0
+            if self.backward_passes_per_step > 1 and int(self._passes.numpy()) > 0:
+                # Gradients of the last incomplete group of passes are not lost.
+                active = {s.index for s in self._exchange.plan.slots}
+                accumulators = [a if i in active else None for i, a in enumerate(self._accumulators)]
+                before = self._exchange.updates
+                self._post_accumulated(accumulators, variables)
+                applied += self._exchange.updates - before
+            rounds = self._exchange.flush(variables)
+            applied += int(rounds.apply_with(self._apply_one, variables))
+        except tf.errors.OpError as err:
+            self._exchange.reraise(err)
+        log.debug("rank %s: flushed %s, %d updates applied", rank_label(), self.stream_name, applied)
+        return applied
+
+    def finalize_variable_values(self, var_list):
+        # model.fit calls this once after its last epoch, on every rank.
+        if not self._fit_flushes_epochs:
+            self.flush()
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    # -- serialization ------------------------------------------------------------------
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+            "mode": mode_to_config(self.mode),
+            "op": self.op.value,
+            "compression": self.compression.name,
+            "backward_passes_per_step": self.backward_passes_per_step,
+            "average_aggregated_gradients": self.average_aggregated_gradients,
+            "max_staleness": self.max_staleness,
+            "sparse_as_dense": self.sparse_as_dense,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
+        config["mode"] = mode_from_config(config.get("mode", {"kind": "solo"}))
+        config["op"] = ReduceOp(config.get("op", "average"))
+        config["compression"] = Compression.by_name(config.get("compression", "none"))
+        return cls(inner, **config)

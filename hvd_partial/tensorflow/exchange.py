@@ -1,0 +1,398 @@
+"""The TensorFlow side of a partial allreduce of gradients, shared by
+``DistributedGradientTape`` and the Keras ``DistributedOptimizer``.
+
+One :class:`GradientExchange` owns one fused stream. Inside a ``tf.function``
+(``model.fit``'s compiled train step included) a post is a ``tf.numpy_function``
+that posts this rank's gradients and returns the results of the k rounds the
+post took, stacked on a new first axis; :meth:`RoundGradients.apply` then runs
+a ``tf.while_loop`` that applies them one by one, oldest first, through the
+user's optimizer. k is only known at run time and differs between ranks and
+steps, which is why the loop is a graph loop and not a Python one.
+
+Example::
+
+    exchange = GradientExchange("grads", mode=hvd.Solo())
+    rounds = exchange.exchange(grads, variables)   # eager or inside tf.function
+    rounds.apply(optimizer)                        # k updates, in round order
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+
+import hvd_partial as _core
+from ..errors import ConfigError, HvdPartialError, StreamConflictError, UnsupportedInputError
+from ..modes import Mode, ReduceOp, Solo
+from .compression import Compression, Compressor
+
+log = logging.getLogger("hvd_partial.tensorflow")
+
+# Streams this process has posted to, across exchange objects: a reloaded
+# Keras model gets a new optimizer object for an already registered stream.
+_posted_streams: set[str] = set()
+_registry_lock = threading.Lock()
+_exchanges: dict[str, "GradientExchange"] = {}
+
+
+def rank_label() -> str:
+    """This process's rank for error messages (``?`` before ``init``)."""
+    try:
+        return str(_core.rank())
+    except HvdPartialError:
+        return "?"
+
+
+def source_name(source) -> str:
+    for attr in ("path", "name"):
+        value = getattr(source, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    return type(source).__name__
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One gradient that travels: its position among the sources, its shape,
+    its own dtype and the dtype it travels in."""
+
+    index: int
+    shape: tuple
+    dtype: str
+    wire: str
+    sparse: bool
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class Group:
+    """Gradients fused into one flat buffer (all of one wire dtype)."""
+
+    wire: str
+    slots: tuple  # of Slot
+
+    @property
+    def size(self) -> int:
+        return sum(s.size for s in self.slots)
+
+
+@dataclass(frozen=True)
+class GradientPlan:
+    """How a list of gradients is packed into fused buffers and back.
+
+    Fixed by the first post of a stream: the same variables must produce the
+    same plan every step (a gradient that is ``None`` stays ``None``).
+    """
+
+    count: int  # number of sources, including those without a gradient
+    groups: tuple  # of Group
+
+    @property
+    def slots(self) -> list:
+        return sorted((s for g in self.groups for s in g.slots), key=lambda s: s.index)
+
+    def describe(self) -> str:
+        parts = [f"#{s.index} {list(s.shape)} {s.dtype}" for s in self.slots]
+        return f"{len(parts)} of {self.count} sources with gradients: " + ", ".join(parts)
+
+    def to_wire(self, grads: list, compression: Compressor) -> list:
+        """Graph ops: one flat tensor per group."""
+        flats = []
+        for group in self.groups:
+            parts = []
+            for slot in group.slots:
+                grad = grads[slot.index]
+                if isinstance(grad, tf.IndexedSlices):
+                    grad = tf.convert_to_tensor(grad)
+                wire, _ = compression.compress(grad)
+                parts.append(tf.reshape(wire, [-1]))
+            flats.append(parts[0] if len(parts) == 1 else tf.concat(parts, axis=0))
+        return flats
+
+    def from_wire(self, flats: list) -> list:
+        """Graph ops: the gradients of one round (``None`` where a source had none)."""
+        out = [None] * self.count
+        for group, flat in zip(self.groups, flats):
+            pieces = [flat] if len(group.slots) == 1 else tf.split(flat, [s.size for s in group.slots])
+            for slot, piece in zip(group.slots, pieces):
+                grad = tf.reshape(piece, slot.shape)
+                if slot.wire != slot.dtype:
+                    grad = tf.cast(grad, slot.dtype)
+                out[slot.index] = grad
+        return out
+
+
+class RoundGradients:
+    """The rounds that one post (or flush) took, as gradients to apply in order.
+
+    ``count`` is k, a scalar tensor (0 is possible: a flush round to which no
+    rank contributed is not an update and is left out). ``round(i)`` gives the
+    gradients of the i-th round aligned with the sources. In eager mode the
+    object is also a sequence of gradient lists.
+
+    Example::
+
+        rounds = tape.gradient_rounds(loss, model.trainable_variables)
+        rounds.apply(optimizer)          # works inside tf.function too
+        for grads in rounds:             # eager mode only
+            print([g.shape for g in grads if g is not None])
+    """
+
+    def __init__(self, plan: GradientPlan | None, stacked: list, sources: list | None = None):
+        self.plan = plan
+        self._stacked = stacked  # per group: (k, group size)
+        self.sources = sources
+
+    @property
+    def count(self):
+        if not self._stacked:
+            return tf.constant(0, dtype=tf.int32)
+        return tf.shape(self._stacked[0], out_type=tf.int32)[0]
+
+    def round(self, i) -> list:
+        """Gradients of round ``i`` (0 = oldest taken), aligned with the sources."""
+        if self.plan is None:
+            raise IndexError("no rounds were taken")
+        return self.plan.from_wire([rows[i] for rows in self._stacked])
+
+    def __len__(self) -> int:
+        if not tf.executing_eagerly():
+            raise TypeError("len(RoundGradients) needs eager execution; inside tf.function use .count and .apply()")
+        return int(self.count)
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self.round(i)
+
+    def apply(self, optimizer, variables=None):
+        """Apply every round, oldest first, with ``optimizer.apply_gradients``
+        (one update per round). Returns k. Works eagerly and in ``tf.function``."""
+        def update(grads, active):
+            optimizer.apply_gradients(zip(grads, active))
+
+        if hasattr(optimizer, "built") and not optimizer.built and variables is not None:
+            optimizer.build(list(variables))
+        return self.apply_with(update, variables)
+
+    def apply_with(self, update, variables=None):
+        """Call ``update(grads, variables)`` once per round, in order, leaving out
+        sources without a gradient. Returns k."""
+        if self.plan is None:
+            return tf.constant(0, dtype=tf.int32)
+        variables = list(variables if variables is not None else (self.sources or []))
+        if len(variables) != self.plan.count:
+            raise UnsupportedInputError(
+                f"rank {rank_label()}: {len(variables)} variables given for {self.plan.count} gradients")
+        active_slots = self.plan.slots
+        active = [variables[s.index] for s in active_slots]
+
+        def body(i):
+            grads = self.round(i)
+            update([grads[s.index] for s in active_slots], active)
+            return (i + 1,)
+
+        count = self.count
+        # parallel_iterations=1: every update reads the variables the previous one wrote.
+        tf.while_loop(lambda i: i < count, body, (tf.constant(0, dtype=tf.int32),), parallel_iterations=1)
+        return count
+
+
+class GradientExchange:
+    """One fused stream of gradients between ranks.
+
+    ``exchange(grads, sources)`` posts this rank's gradients and returns the
+    :class:`RoundGradients` of the rounds taken; ``flush()`` (collective) takes
+    every outstanding round plus a final synchronous one.
+
+    Example::
+
+        ex = GradientExchange("model/grads", mode=hvd.Majority(seed=3))
+        ex.exchange(grads, model.trainable_variables).apply(optimizer)
+        ex.flush().apply(optimizer, model.trainable_variables)
+    """
+
+    def __init__(self, name: str, mode: Mode | None = None, op: ReduceOp = _core.Average,
+                 compression: Compressor = Compression.none, max_staleness: int | None = None,
+                 sparse_as_dense: bool = False, owner: str = "gradients"):
+        mode = Solo() if mode is None else mode
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"stream name must be a non-empty str, got {name!r}")
+        if not isinstance(mode, Mode):
+            raise TypeError(f"mode must be hvd_partial.Sync(), Solo() or Majority(...), got {mode!r}")
+        if not isinstance(op, ReduceOp):
+            raise TypeError(f"op must be hvd_partial.Average or hvd_partial.Sum, got {op!r}")
+        if not isinstance(compression, Compressor):
+            raise TypeError(f"compression must be Compression.none or Compression.fp16, got {compression!r}")
+        if max_staleness is not None and (not isinstance(max_staleness, int) or max_staleness < 0):
+            raise ConfigError(f"max_staleness must be an int >= 0 or None, got {max_staleness!r}")
+        self.name = name
+        self.mode = mode
+        self.op = op
+        self.compression = compression
+        self.max_staleness = max_staleness
+        self.sparse_as_dense = bool(sparse_as_dense)
+        self.owner = owner
+        self.plan: GradientPlan | None = None
+        #: Updates handed out so far (rounds with at least one contributor).
+        self.updates = 0
+        #: Rounds taken so far, including flush rounds nobody contributed to.
+        self.rounds_taken = 0
+        self.posts = 0
+        #: The facts of the rounds taken by the latest post or flush.
+        self.last_results: list = []
+        self.last_error: BaseException | None = None
+
+    @property
+    def settings(self) -> tuple:
+        return (self.mode, self.op, self.compression.name, self.max_staleness, self.sparse_as_dense)
+
+    # -- planning (trace time) ------------------------------------------------------
+
+    def make_plan(self, grads: list, sources: list) -> GradientPlan:
+        """Check ``grads`` against ``sources`` and fix (or compare with) the plan."""
+        if len(grads) != len(sources):
+            raise UnsupportedInputError(
+                f"rank {rank_label()}: {len(grads)} gradients for {len(sources)} variables in {self.owner}")
+        slots = []
+        for i, (grad, source) in enumerate(zip(grads, sources)):
+            if grad is None:
+                continue
+            sparse = isinstance(grad, tf.IndexedSlices)
+            if sparse and not self.sparse_as_dense:
+                raise UnsupportedInputError(
+                    f"rank {rank_label()}: the gradient of {source_name(source)!r} is sparse (tf.IndexedSlices, "
+                    f"e.g. from an Embedding layer) and partial allreduce reduces dense buffers only; pass "
+                    f"sparse_as_dense=True to {self.owner} to reduce it as a dense tensor")
+            shape = getattr(source, "shape", None)
+            if shape is None or not tf.TensorShape(shape).is_fully_defined():
+                shape = grad.dense_shape if sparse else grad.shape
+            shape = tf.TensorShape(shape)
+            if not shape.is_fully_defined():
+                raise UnsupportedInputError(
+                    f"rank {rank_label()}: the gradient of {source_name(source)!r} has shape {shape} that is not "
+                    "fully known; partial allreduce needs static shapes")
+            dtype = tf.as_dtype(grad.dtype)
+            if not dtype.is_floating:
+                raise UnsupportedInputError(
+                    f"rank {rank_label()}: the gradient of {source_name(source)!r} has dtype {dtype.name}; "
+                    "only floating-point gradients are reduced")
+            wire = self.compression.wire_dtype(dtype)
+            slots.append(Slot(i, tuple(shape.as_list()), dtype.name, wire.name, sparse))
+        if not slots:
+            raise UnsupportedInputError(
+                f"rank {rank_label()}: {self.owner} got no gradients at all (every gradient is None): "
+                "check that the loss depends on the variables")
+        order: dict[str, list] = {}
+        for slot in slots:
+            order.setdefault(slot.wire, []).append(slot)
+        plan = GradientPlan(len(grads), tuple(Group(w, tuple(s)) for w, s in order.items()))
+        if self.plan is None:
+            self.plan = plan
+        elif plan != self.plan:
+            raise StreamConflictError(
+                f"rank {rank_label()}: stream {self.name!r} of {self.owner} was first used with "
+                f"{self.plan.describe()}; now with {plan.describe()}. A stream reduces a fixed set of "
+                "gradients: use one DistributedOptimizer (or tape name=...) per set of variables")
+        return plan
+
+    # -- posting ------------------------------------------------------------------
+
+    def exchange(self, grads, sources) -> RoundGradients:
+        """Post ``grads`` (aligned with ``sources``) and return the rounds taken.
+
+        Eagerly this runs at once; inside ``tf.function`` it adds the ops.
+        """
+        grads, sources = list(grads), list(sources)
+        plan = self.make_plan(grads, sources)
+        flats = plan.to_wire(grads, self.compression)
+        outputs = tf.numpy_function(self._post_and_take, flats, [tf.as_dtype(g.wire) for g in plan.groups],
+                                    stateful=True, name="hvd_partial_post")
+        if not isinstance(outputs, (list, tuple)):
+            outputs = [outputs]
+        for out, group in zip(outputs, plan.groups):
+            out.set_shape([None, group.size])
+        return RoundGradients(plan, list(outputs), sources)
+
+    def flush(self, sources=None) -> RoundGradients:
+        """Collective, eager: take every outstanding round and a final
+        synchronous round; returns their updates."""
+        if not tf.executing_eagerly():
+            raise UnsupportedInputError(
+                f"rank {rank_label()}: flush() of {self.owner} must run eagerly (outside tf.function): it is "
+                "a collective that every rank calls once, e.g. at the end of an epoch")
+        if self.plan is None or self.name not in _posted_streams:
+            # Nothing posted here, so nothing to flush (and no stream to name).
+            return RoundGradients(None, [], sources)
+        results = _core.flush(self.name)
+        stacked = [tf.constant(a) for a in self._stack(results)]
+        return RoundGradients(self.plan, stacked, sources)
+
+    # -- numpy side -----------------------------------------------------------------
+
+    def _post_and_take(self, *flats):
+        try:
+            arrays = [np.ascontiguousarray(f) for f in flats]
+            handle = _core.grouped_partial_allreduce_async(arrays, self.name, mode=self.mode, op=self.op,
+                                                           max_staleness=self.max_staleness)
+            _posted_streams.add(self.name)
+            self.posts += 1
+            results = _core.synchronize(handle)
+            return self._stack(results)
+        except BaseException as err:
+            # TensorFlow re-raises this as an OpError whose text keeps our message;
+            # eager callers get the original back through reraise().
+            self.last_error = err
+            log.error("rank %s: %s in %s (stream %r): %s", rank_label(), type(err).__name__, self.owner,
+                      self.name, err)
+            raise
+
+    def _stack(self, results) -> list:
+        """The results with at least one contributor, stacked per group."""
+        useful = [r for r in results if r.contributors]
+        self.rounds_taken += len(results)
+        self.updates += len(useful)
+        self.last_results = results
+        out = []
+        for j, group in enumerate(self.plan.groups):
+            stacked = np.empty((len(useful), group.size), dtype=group.wire)
+            for i, result in enumerate(useful):
+                stacked[i] = result.arrays[j]
+            out.append(stacked)
+        return out
+
+    def reraise(self, error: tf.errors.OpError):
+        """Raise the hvd_partial error behind a TensorFlow ``OpError`` if any."""
+        original = self.last_error
+        if original is not None and isinstance(original, HvdPartialError):
+            self.last_error = None
+            raise original from error
+        raise error
+
+
+def exchange_for(name: str, mode, op, compression, max_staleness, sparse_as_dense, owner: str) -> GradientExchange:
+    """The process-wide exchange named ``name`` (tapes are created anew every
+    step, their stream is not); its settings must not change."""
+    with _registry_lock:
+        found = _exchanges.get(name)
+        if found is None:
+            found = _exchanges[name] = GradientExchange(name, mode, op, compression, max_staleness,
+                                                        sparse_as_dense, owner)
+            return found
+    wanted = (Solo() if mode is None else mode, op, compression.name, max_staleness, bool(sparse_as_dense))
+    if found.settings != wanted:
+        raise StreamConflictError(
+            f"rank {rank_label()}: stream {name!r} is already used with mode/op/compression/max_staleness/"
+            f"sparse_as_dense {found.settings}, now {wanted}; pass another name=")
+    return found
+
+
+def existing_exchange(name: str) -> GradientExchange | None:
+    with _registry_lock:
+        return _exchanges.get(name)

@@ -1,0 +1,554 @@
+"""``DistributedOptimizer``: Horovod's optimizer wrapper on partial collectives.
+
+The wrapper holds the user's optimizer (composition, no subclassing). Each
+``step()`` posts this rank's gradients as one fused stream and applies every
+round it takes, in round order, through the wrapped optimizer: a rank that was
+behind makes k update steps at once (no forward or backward), so parameters
+and optimizer state stay bitwise identical on every rank.
+
+Example::
+
+    import hvd_partial.torch as hvd
+
+    hvd.init()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), mode=hvd.Solo())
+    for x, y in batches:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+    opt.flush()  # before evaluation or a checkpoint, on every rank
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from collections import deque
+
+import numpy as np
+import torch
+
+import hvd_partial as _core
+from ..core.round_result import RoundResult
+from ..errors import ConfigError, HvdPartialError, MismatchError, UnsupportedInputError
+from ..modes import Mode, ReduceOp, Solo
+from .compression import Compression
+from .tensors import HostStaging, wire_dtype
+
+log = logging.getLogger("hvd_partial.torch")
+
+_wrapped_count = itertools.count()
+STATE_KEY = "hvd_partial"
+
+
+class SynchronizationError(HvdPartialError):
+    """``step``, ``synchronize``, ``skip_synchronize`` or backward passes were
+    used in an order that would make the replicas diverge or lose gradients."""
+
+
+class _PassCounter:
+    """Counts gradient accumulations per parameter since the last post (kept
+    apart from the optimizer so the autograd hooks do not hold it alive)."""
+
+    def __init__(self, limit: int, names: dict[int, str]):
+        self.limit = limit
+        self.names = names
+        self.counts: dict[int, int] = {}
+
+    def __call__(self, param: torch.Tensor) -> None:
+        n = self.counts.get(id(param), 0) + 1
+        self.counts[id(param)] = n
+        if n > self.limit:
+            raise SynchronizationError(
+                f"rank {_rank()}: parameter {self.names.get(id(param), '?')!r} accumulated a gradient {n} times "
+                f"before optimizer.step(); backward_passes_per_step={self.limit}. Raise backward_passes_per_step "
+                "to accumulate gradients locally, or call step() (or zero_grad()) in between")
+
+    def reset(self) -> None:
+        self.counts.clear()
+
+
+def _rank() -> int | str:
+    try:
+        return _core.rank()
+    except HvdPartialError:
+        return "?"
+
+
+def _facts(result: RoundResult) -> RoundResult:
+    return RoundResult(result.round, result.initiator, list(result.contributors), dict(result.staleness),
+                       flush=result.flush)
+
+
+class DistributedOptimizer:
+    """Wrap ``optimizer`` so that ``step()`` reduces gradients across ranks with
+    a partial (or synchronous) allreduce and applies every round's result.
+
+    Arguments (Horovod's, plus ``mode``, ``max_staleness`` and ``name``):
+
+    - ``optimizer``: any ``torch.optim.Optimizer`` whose ``step()`` needs no
+      closure (SGD, Adam, AdamW, RMSprop, ...). It stays reachable as ``.optimizer``.
+    - ``named_parameters``: ``model.named_parameters()``, used in error messages.
+    - ``mode``: ``Solo()`` (default), ``Majority(seed, quorum)`` or ``Sync()``
+      (Horovod's semantics exactly: one round per step, every rank's fresh gradient).
+    - ``op``: ``Average`` (sum / world size) or ``Sum``.
+    - ``compression``: ``Compression.none`` or ``Compression.fp16``.
+    - ``backward_passes_per_step``: backward passes that accumulate into
+      ``.grad`` before each ``step()``; more raises ``SynchronizationError``.
+      Gradients are summed over the passes (scale the loss to average them).
+    - ``max_staleness``: bound in rounds for solo and majority (default: the
+      ``max_staleness`` given to ``init``).
+    - ``sparse_as_dense``: reduce sparse gradients as dense tensors (otherwise
+      a sparse gradient raises ``UnsupportedInputError``).
+    - ``name``: the stream's name; by default the n-th wrapped optimizer of the
+      process is ``torch.DistributedOptimizer.n`` (wrap in the same order on
+      every rank).
+
+    Parameters with ``requires_grad=False`` when wrapped are left out. A
+    parameter without a gradient in a step contributes zeros (as in Horovod),
+    since other ranks may have one, and receives the reduced value.
+
+    Example::
+
+        opt = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters()), mode=hvd.Majority(seed=1))
+        loss.backward()
+        opt.step()
+        print(opt.rounds, [r.contributors for r in opt.last_results])
+    """
+
+    def __init__(self, optimizer, named_parameters=None, mode: Mode | None = None, op: ReduceOp = _core.Average,
+                 compression=Compression.none, backward_passes_per_step: int = 1, max_staleness: int | None = None,
+                 sparse_as_dense: bool = False, name: str | None = None):
+        if isinstance(optimizer, DistributedOptimizer):
+            raise TypeError("this optimizer is already a DistributedOptimizer; wrap the plain optimizer once")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if isinstance(optimizer, torch.optim.LBFGS):
+            raise UnsupportedInputError("LBFGS re-evaluates its closure inside step(); a partial round cannot be "
+                                        "applied that way. Use an optimizer whose step() needs no closure")
+        mode = Solo() if mode is None else mode
+        if not isinstance(mode, Mode):
+            raise TypeError(f"mode must be hvd_partial.torch.Sync(), Solo() or Majority(...), got {mode!r}")
+        if not isinstance(op, ReduceOp):
+            raise TypeError(f"op must be hvd_partial.torch.Average or Sum, got {op!r}")
+        if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
+            raise TypeError(f"compression must be Compression.none, Compression.fp16 or a Compressor, "
+                            f"got {compression!r}")
+        if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+            raise ConfigError(f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}")
+        if max_staleness is not None and (not isinstance(max_staleness, int) or max_staleness < 0):
+            raise ConfigError(f"max_staleness must be None or an int >= 0, got {max_staleness!r}")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise TypeError(f"name must be a non-empty str, got {name!r}")
+
+        self._inner = optimizer
+        self._mode = mode
+        self._op = op
+        self._compression = compression
+        self._backward_passes = backward_passes_per_step
+        self._max_staleness = max_staleness
+        self._sparse_as_dense = bool(sparse_as_dense)
+        self._name = name or f"torch.DistributedOptimizer.{next(_wrapped_count)}"
+        self._named = None if named_parameters is None else list(named_parameters)
+        self._staging = HostStaging()
+        self._queue: deque[RoundResult] = deque()
+        self._synchronized = False
+        self._should_sync = True
+        self._posted = False
+        self._dirty = False  # contributions of this rank may still be pending
+        self._taken = 0  # rounds of this stream taken in this process
+        self._round_base = 0  # rounds taken before a checkpoint was loaded
+        self._updates = 0
+        self._loaded: tuple | None = None  # (round, [(id, version) of each grad]) after synchronize()
+        self._warned_double_sync = False
+        self.last_results: list[RoundResult] = []
+        self._hook_handles: list = []
+        self._collect_parameters()
+
+    # ===== parameters ======================================================================
+
+    def _collect_parameters(self) -> None:
+        everything = [p for group in self._inner.param_groups for p in group["params"]]
+        if self._named is not None:
+            names: dict[int, str] = {}
+            seen: set[str] = set()
+            for n, p in self._named:
+                if n in seen:
+                    raise ValueError(f"named_parameters lists the name {n!r} twice")
+                seen.add(n)
+                names.setdefault(id(p), n)
+            missing = [p for p in everything if id(p) not in names]
+            if missing:
+                raise ValueError(f"named_parameters was given, but {len(missing)} of the optimizer's "
+                                 f"{len(everything)} parameters are not in it")
+        else:
+            names = {}
+            for gi, group in enumerate(self._inner.param_groups):
+                for pi, p in enumerate(group["params"]):
+                    names[id(p)] = f"param_groups[{gi}].params[{pi}]"
+        for p in everything:
+            if p.is_sparse:
+                raise UnsupportedInputError(f"parameter {names[id(p)]!r} is a sparse tensor; not supported")
+        self._names_by_id = names
+        self._params = [p for p in everything if p.requires_grad]
+        self._frozen = [p for p in everything if not p.requires_grad]
+        self._names = [names[id(p)] for p in self._params]
+        for p in self._params:
+            wire_dtype(self._compressed_dtype(p.dtype), f"parameter {names[id(p)]!r}")
+        self._zeros: dict[int, torch.Tensor] = {}
+        for handle in self._hook_handles:
+            handle.remove()
+        self._passes = _PassCounter(self._backward_passes, names)
+        self._hook_handles = [p.register_post_accumulate_grad_hook(self._passes) for p in self._params]
+
+    def _compressed_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        wire, _ = self._compression.compress(torch.zeros(0, dtype=dtype))
+        return wire.dtype
+
+    # ===== Horovod's interface ============================================================
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The wrapped optimizer (build LR schedulers on it, see ``attach_lr_scheduler``)."""
+        return self._inner
+
+    @property
+    def param_groups(self):
+        return self._inner.param_groups
+
+    @property
+    def state(self):
+        return self._inner.state
+
+    @property
+    def defaults(self):
+        return self._inner.defaults
+
+    @property
+    def name(self) -> str:
+        """The stream's name (identical on every rank)."""
+        return self._name
+
+    @property
+    def mode(self) -> Mode:
+        return self._mode
+
+    @property
+    def rounds(self) -> int:
+        """Rounds taken so far (identical on every rank after each applied round,
+        and kept across ``state_dict``/``load_state_dict``). Drive learning-rate
+        schedules from this counter, never from a rank's local step count.
+
+        While a round is applied (in step hooks) it counts that round too.
+        """
+        return self._round_base + self._taken
+
+    @property
+    def updates(self) -> int:
+        """Rounds applied through the wrapped optimizer (rounds that carried no
+        contribution from any rank are taken but not applied)."""
+        return self._updates
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._passes.reset()
+        self._inner.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure=None):
+        """Post this rank's gradients, then apply every round taken, in order.
+
+        ``closure`` (optional) is called once first, with grad enabled, to
+        compute the gradients; its value is returned.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._synchronized:
+            if self._should_sync and not self._warned_double_sync:
+                self._warned_double_sync = True
+                log.warning("rank %s: optimizer.step() after optimizer.synchronize() outside "
+                            "optimizer.skip_synchronize(); applying the rounds already taken", _rank())
+        elif not self._should_sync:
+            raise SynchronizationError(
+                f"rank {_rank()}: step() inside skip_synchronize() without a prior synchronize() would apply this "
+                "rank's local gradient alone and the replicas would diverge; call optimizer.synchronize() first")
+        else:
+            self.synchronize()
+        self._apply_queue()
+        return loss
+
+    def synchronize(self) -> list[RoundResult]:
+        """Post this rank's gradients and take the rounds that are ready; the
+        first taken round's result is left in each ``p.grad``.
+
+        Horovod's pattern for gradient clipping works in every mode::
+
+            loss.backward()
+            opt.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            with opt.skip_synchronize():
+                opt.step()
+
+        In solo and majority modes a rank may take several rounds at once, and an
+        edit of ``p.grad`` could only apply to the first: ``step()`` then raises
+        ``SynchronizationError``. Clip per round instead, with a hook that runs
+        before every applied round on every rank::
+
+            opt.register_step_pre_hook(lambda *_: clip_grad_norm_(model.parameters(), 1.0))
+
+        Returns the taken rounds' facts (round, initiator, contributors, staleness).
+        """
+        if self._synchronized:
+            return self.last_results
+        arrays, ctxs = self._local_gradients()
+        handle = _core.grouped_partial_allreduce_async(arrays, self._name, mode=self._mode, op=self._op,
+                                                       max_staleness=self._max_staleness)
+        try:
+            results = _core.synchronize(handle)
+        except MismatchError as err:
+            raise self._explain_mismatch(err) from err
+        self._ctxs = ctxs
+        self._posted = True
+        self._dirty = self._mode.kind != "sync"
+        self._passes.reset()
+        self._queue = deque(results)
+        self.last_results = [_facts(r) for r in results]
+        first = next((r for r in results if r.contributors), None)
+        if first is not None:
+            self._load(first)
+            self._loaded = (first.round, self._grad_versions())
+        self._synchronized = True
+        return self.last_results
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Inside this context ``step()`` applies the rounds taken by an earlier
+        ``synchronize()`` without posting again.
+
+        Example::
+
+            with opt.skip_synchronize():
+                opt.step()
+        """
+        self._should_sync = False
+        try:
+            yield
+        finally:
+            self._should_sync = True
+
+    def flush(self) -> list[RoundResult]:
+        """Collective: apply every round not yet taken plus a final synchronous
+        round that empties every rank's pending gradients; afterwards every
+        rank's parameters and optimizer state are bitwise identical.
+
+        Call it on every rank before evaluation, checkpoints and the end of
+        training.
+
+        Example::
+
+            opt.flush()
+            if hvd.rank() == 0:
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, path)
+        """
+        if self._synchronized:
+            self._apply_queue()
+        if not self._posted:
+            return []  # round 0 needs every rank's first post: nobody has posted
+        try:
+            results = _core.flush(self._name)
+        except MismatchError as err:
+            raise self._explain_mismatch(err) from err
+        self._queue = deque(results)
+        self.last_results = [_facts(r) for r in results]
+        self._loaded = None
+        self._apply_queue()
+        self._dirty = False
+        return self.last_results
+
+    # ===== state =============================================================================
+
+    def state_dict(self) -> dict:
+        """The wrapped optimizer's state dict plus ``"hvd_partial"``: the round
+        counter and protocol facts needed to resume. Take it after ``flush()``
+        (on every rank): contributions still pending in the engine are not in it.
+
+        Example::
+
+            opt.flush()
+            torch.save(opt.state_dict(), "opt.pt")
+        """
+        if self._dirty:
+            log.warning("rank %s: state_dict() of %s without flush() since the last step: this rank's gradients "
+                        "still pending in the engine are not saved; call optimizer.flush() on every rank first",
+                        _rank(), self._name)
+        sd = self._inner.state_dict()
+        sd[STATE_KEY] = {"format": 1, "rounds": self.rounds, "updates": self._updates, "stream": self._name,
+                         "mode": list(self._mode.describe()), "flushed": not self._dirty}
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load a state dict from :meth:`state_dict` (or a plain optimizer's);
+        the round counter resumes from the saved one."""
+        state_dict = dict(state_dict)
+        extra = state_dict.pop(STATE_KEY, None)
+        self._inner.load_state_dict(state_dict)
+        if extra is not None:
+            self._round_base = int(extra["rounds"]) - self._taken
+            self._updates = int(extra.get("updates", 0))
+            if not extra.get("flushed", True):
+                log.warning("rank %s: loading a state dict saved without flush(); gradients that were pending "
+                            "when it was saved are lost", _rank())
+
+    def add_param_group(self, param_group: dict) -> None:
+        if self._posted:
+            raise UnsupportedInputError(
+                f"rank {_rank()}: add_param_group() after the first step: the stream {self._name!r} has a fixed "
+                "layout. Add every group before the first step, or wrap a new optimizer")
+        self._inner.add_param_group(param_group)
+        self._collect_parameters()
+
+    # ===== per-round hooks and schedules ========================================================
+
+    def register_step_pre_hook(self, hook):
+        """Run ``hook(optimizer, args, kwargs)`` before every applied round (on
+        every rank, in round order): the place for per-round gradient clipping."""
+        return self._inner.register_step_pre_hook(hook)
+
+    def register_step_post_hook(self, hook):
+        """Run ``hook(optimizer, args, kwargs)`` after every applied round."""
+        return self._inner.register_step_post_hook(hook)
+
+    def attach_lr_scheduler(self, scheduler):
+        """Step ``scheduler`` once after every applied round, so the learning
+        rate is a function of the round count, identical on every rank.
+
+        Build the scheduler on the wrapped optimizer, ``opt.optimizer``.
+
+        Example::
+
+            sched = torch.optim.lr_scheduler.LambdaLR(opt.optimizer, lambda r: 0.99 ** r)
+            opt.attach_lr_scheduler(sched)  # then never call sched.step() yourself
+        """
+        if getattr(scheduler, "optimizer", None) is not self._inner:
+            raise ValueError("attach_lr_scheduler: build the scheduler on the wrapped optimizer "
+                             "(DistributedOptimizer.optimizer), not on the DistributedOptimizer or another one")
+        return self._inner.register_step_post_hook(lambda *_: scheduler.step())
+
+    def stats(self) -> dict:
+        """This stream's participation report (see ``hvd_partial.stats``)."""
+        return _core.stats().get(self._name, {})
+
+    def close(self) -> None:
+        """Remove the autograd hooks that count backward passes."""
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles = []
+
+    def __getattr__(self, attr):
+        # Only reached for names this class does not define: let custom
+        # optimizer attributes through.
+        inner = self.__dict__.get("_inner")
+        if inner is None:
+            raise AttributeError(attr)
+        return getattr(inner, attr)
+
+    def __repr__(self) -> str:
+        return f"DistributedOptimizer({self._inner.__class__.__name__}, mode={self._mode}, stream={self._name!r})"
+
+    # ===== internals ================================================================================
+
+    def _local_gradients(self):
+        for p in self._frozen:
+            if p.grad is not None:
+                raise UnsupportedInputError(
+                    f"rank {_rank()}: parameter {self._names_by_id[id(p)]!r} had requires_grad=False when the "
+                    "optimizer was wrapped but now has a gradient; the stream's layout is fixed. Wrap the "
+                    "optimizer again after unfreezing")
+        wires, ctxs = [], []
+        for i, (p, name) in enumerate(zip(self._params, self._names)):
+            g = p.grad
+            if g is None:
+                g = self._zeros.get(i)
+                if g is None:
+                    g = self._zeros[i] = torch.zeros(p.shape, dtype=p.dtype)
+            elif g.is_sparse:
+                if not self._sparse_as_dense:
+                    raise UnsupportedInputError(
+                        f"rank {_rank()}: parameter {name!r} has a sparse gradient, which partial collectives do not "
+                        "reduce; pass sparse_as_dense=True (or use a dense embedding)")
+                g = g.to_dense()
+            wire, ctx = self._compression.compress(g)
+            wires.append(wire)
+            ctxs.append(ctx)
+        return self._staging.to_host(wires, self._names), ctxs
+
+    def _load(self, result: RoundResult) -> None:
+        arrays = result.arrays
+        targets = [(p.device, _torch_dtype(a), p.shape) for p, a in zip(self._params, arrays)]
+        grads = HostStaging.from_host(arrays, targets)
+        for p, g, ctx in zip(self._params, grads, self._ctxs):
+            g = self._compression.decompress(g, ctx)
+            if g.dtype != p.dtype:
+                g = g.to(p.dtype)
+            p.grad = g
+
+    def _grad_versions(self) -> list:
+        return [(id(p.grad), p.grad._version) for p in self._params]
+
+    def _apply_queue(self) -> None:
+        queue = self._queue
+        loaded = self._loaded
+        self._loaded = None
+        self._synchronized = False
+        applicable = sum(1 for r in queue if r.contributors)
+        if loaded is not None and applicable > 1 and self._grad_versions() != loaded[1]:
+            queue.clear()
+            raise SynchronizationError(
+                f"rank {_rank()}: p.grad was changed between synchronize() and step(), but this rank took "
+                f"{applicable} rounds at once (solo/majority) and the change could apply to only one of them; "
+                "the replicas would diverge. Use optimizer.register_step_pre_hook(...) for per-round clipping")
+        while queue:
+            result = queue.popleft()
+            self._taken = result.round + 1
+            if not result.contributors:
+                # Nobody contributed: applying zeros would still move momentum
+                # and weight decay, which no gradient asked for.
+                continue
+            if loaded is None or result.round != loaded[0]:
+                self._load(result)
+            self._inner.step()
+            self._updates += 1
+
+    def _explain_mismatch(self, err: MismatchError) -> MismatchError:
+        """Every rank got ``err`` (the stream was rejected everywhere): compare the
+        parameters across ranks to say which one differs."""
+        mine = [(n, list(p.shape), str(self._compressed_dtype(p.dtype)).replace("torch.", ""))
+                for n, p in zip(self._names, self._params)]
+        try:
+            everyone = _core.allgather_object(mine)
+        except HvdPartialError:
+            return err
+        problems = []
+        for rank, theirs in enumerate(everyone):
+            if rank == 0 or theirs == everyone[0]:
+                continue
+            if len(theirs) != len(everyone[0]):
+                problems.append(f"rank {rank} has {len(theirs)} parameters with gradients, rank 0 has "
+                                f"{len(everyone[0])}")
+                continue
+            for a, b in zip(theirs, everyone[0]):
+                if a != b:
+                    problems.append(f"rank {rank} has parameter {a[0]!r} {a[1]} {a[2]} where rank 0 has "
+                                    f"{b[0]!r} {b[1]} {b[2]}")
+                    break
+        if not problems:
+            return err
+        return MismatchError(f"rank {_rank()}: DistributedOptimizer stream {self._name!r}: the model differs across "
+                             f"ranks: {'; '.join(problems)}. Every rank must wrap the same parameters "
+                             f"(same order, shapes and dtypes)")
+
+
+def _torch_dtype(array: np.ndarray) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=array.dtype)).dtype

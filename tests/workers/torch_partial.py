@@ -1,0 +1,160 @@
+"""Solo or majority training with injected delays: every rank fingerprints its
+parameters and optimizer state after every applied round, accumulates the
+results it applied and the gradients it computed, and reports them; the test
+checks replicas round by round, conservation and the staleness bound.
+
+usage: torch_partial.py solo|majority
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+
+import torch
+from support import phase, report
+from torch_common import fingerprint, loss_of, make_data, make_model
+
+import hvd_partial.torch as hvd
+
+TAU = 8
+B = 8
+
+
+def main():
+    mode_name = sys.argv[1]
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    mode = hvd.Solo() if mode_name == "solo" else hvd.Majority(seed=3)
+    model = make_model(5)
+    if mode_name == "solo":
+        inner = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    else:
+        inner = torch.optim.Adam(model.parameters(), lr=0.01)
+    opt = hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters(), mode=mode, max_staleness=TAU,
+                                   name="partial")
+
+    per_round: dict[int, str] = {}
+    applied = [torch.zeros_like(p) for p in model.parameters()]
+    local = [torch.zeros_like(p) for p in model.parameters()]
+
+    def capture(optimizer, args, kwargs):  # before every applied round: the round's result
+        for acc, p in zip(applied, model.parameters()):
+            acc += p.grad
+
+    def record(optimizer, args, kwargs):  # after every applied round: the replica's state
+        per_round[opt.rounds] = fingerprint(model, optimizer)
+
+    opt.register_step_pre_hook(capture)
+    if mode_name == "majority":  # per-round clipping, after the capture
+        def clip(optimizer, args, kwargs):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+
+        opt.register_step_pre_hook(clip)
+    opt.register_step_post_hook(record)
+
+    max_staleness = 0
+    ks = []
+    steps = 0
+
+    def step(delay: float = 0.0):
+        nonlocal max_staleness, steps
+        if delay:
+            time.sleep(delay)
+        x, y = make_data(10_000 + 1000 * rank + steps, B)
+        steps += 1
+        opt.zero_grad()
+        loss_of(model, x, y).backward()
+        for acc, p in zip(local, model.parameters()):
+            acc += p.grad
+        opt.step()
+        ks.append(len(opt.last_results))
+        for r in opt.last_results:
+            max_staleness = max([max_staleness, *r.staleness.values()])
+
+    phase("random delays")
+    rng = random.Random(100 + rank)
+    for _ in range(25):
+        step(rng.choice([0.0, 0.0, 0.005, 0.02]))
+
+    catch_up_k = None
+    if mode_name == "solo":
+        # Deterministic catch-up: the last rank waits in a barrier while the
+        # others take 2 steps each (at most 6 rounds, within TAU - 1 of it), so
+        # its next post must take >= 2 rounds at once, and its gradient is stale.
+        phase("forced catch-up")
+        opt.flush()
+        if rank == size - 1:
+            hvd.barrier()
+        else:
+            step()
+            step()
+            hvd.barrier()
+        step()
+        catch_up_k = len(opt.last_results)
+
+    phase("persistent straggler")
+    for _ in range(20):
+        step(0.03 if rank == size - 1 else 0.0)
+
+    phase("final flush")
+    for r in opt.flush():
+        max_staleness = max([max_staleness, *r.staleness.values()])
+    final = fingerprint(model, opt)
+    local_all = hvd.allgather_object([t.tolist() for t in local])
+    total_local = [sum(torch.tensor(local_all[j][i], dtype=torch.float64) for j in range(size)) / size
+                   for i in range(len(local))]
+    conservation = max(float((a - t).abs().max()) for a, t in zip(applied, total_local))
+    scale = max(float(t.abs().max()) for t in total_local)
+    stats = opt.stats()
+
+    guard = None
+    if mode_name == "solo":
+        guard = horovod_clip_pattern_guard()
+
+    hvd.shutdown()
+    report({"per_round": per_round, "final": final, "rounds": opt.rounds, "updates": opt.updates, "ks": ks,
+            "catch_up_k": catch_up_k, "max_staleness": max_staleness, "conservation": conservation, "scale": scale,
+            "steps": steps, "stale": stats["stale"], "fresh": stats["fresh"], "guard": guard})
+
+
+def horovod_clip_pattern_guard():
+    """synchronize() + edit p.grad + step() when a rank took several rounds at
+    once must raise (the edit cannot apply to every round), not diverge silently."""
+    rank, size = hvd.rank(), hvd.size()
+    model = make_model(11)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), mode=hvd.Solo(), name="guard",
+                                   max_staleness=TAU)
+    x, y = make_data(77, B)
+
+    def step(pattern: bool):
+        opt.zero_grad()
+        loss_of(model, x, y).backward()
+        if not pattern:
+            opt.step()
+            return None
+        opt.synchronize()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+        try:
+            with opt.skip_synchronize():
+                opt.step()
+        except hvd.SynchronizationError as err:
+            return str(err)
+        return None
+
+    step(False)
+    if rank == size - 1:
+        hvd.barrier()
+    else:
+        step(False)
+        step(False)
+        hvd.barrier()
+    error = step(rank == size - 1)
+    k = len(opt.last_results)
+    opt.flush()
+    return {"error": error, "k": k}
+
+
+if __name__ == "__main__":
+    main()
