@@ -50,7 +50,10 @@ class SynchronizationError(HvdPartialError):
 
 class _PassCounter:
     """Counts gradient accumulations per parameter since the last post (kept
-    apart from the optimizer so the autograd hooks do not hold it alive)."""
+    apart from the optimizer so the autograd hooks do not hold it alive).
+
+    The check happens in ``step``, not in the hook: a parameter may be shared
+    by several wrappers, and an unused wrapper must not break backward."""
 
     def __init__(self, limit: int, names: dict[int, str]):
         self.limit = limit
@@ -58,13 +61,16 @@ class _PassCounter:
         self.counts: dict[int, int] = {}
 
     def __call__(self, param: torch.Tensor) -> None:
-        n = self.counts.get(id(param), 0) + 1
-        self.counts[id(param)] = n
-        if n > self.limit:
-            raise SynchronizationError(
-                f"rank {_rank()}: parameter {self.names.get(id(param), '?')!r} accumulated a gradient {n} times "
-                f"before optimizer.step(); backward_passes_per_step={self.limit}. Raise backward_passes_per_step "
-                "to accumulate gradients locally, or call step() (or zero_grad()) in between")
+        self.counts[id(param)] = self.counts.get(id(param), 0) + 1
+
+    def check(self) -> None:
+        for pid, n in self.counts.items():
+            if n > self.limit:
+                raise SynchronizationError(
+                    f"rank {_rank()}: parameter {self.names.get(pid, '?')!r} accumulated a gradient {n} times "
+                    f"before optimizer.step(); backward_passes_per_step={self.limit}. Raise "
+                    "backward_passes_per_step to accumulate gradients locally, or call step() (or zero_grad()) "
+                    "in between")
 
     def reset(self) -> None:
         self.counts.clear()
@@ -302,6 +308,7 @@ class DistributedOptimizer:
         """
         if self._synchronized:
             return self.last_results
+        self._passes.check()
         arrays, ctxs = self._local_gradients()
         handle = _core.grouped_partial_allreduce_async(arrays, self._name, mode=self._mode, op=self._op,
                                                        max_staleness=self._max_staleness)

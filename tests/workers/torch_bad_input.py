@@ -88,12 +88,22 @@ def main():
 
     out["skip_without_sync"] = caught(skip_without_sync)
 
+    def two_passes(o):
+        o.zero_grad()
+        loss_of(model, x, y).backward()
+        loss_of(model, x, y).backward()
+        o.step()
+        o.close()
+
     def backward_twice():
         opt.zero_grad()
         loss_of(model, x, y).backward()
         loss_of(model, x, y).backward()
+        opt.step()
 
     out["backward_twice"] = caught(backward_twice)
+    out["passes2_twice"] = caught(lambda: two_passes(hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), mode=hvd.Sync(), backward_passes_per_step=2, name="passes2")))
     opt.zero_grad()
     loss_of(model, x, y).backward()
     opt.step()  # the counters reset: a normal step works after the error
