@@ -92,6 +92,7 @@ def shutdown() -> None:
             engine.shutdown()
         finally:
             if engine.failure is None:
+                engine.free_stream_comms()
                 transport.free()
             _engine, _transport = None, None
             _was_shut_down = True

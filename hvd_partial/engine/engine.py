@@ -119,6 +119,7 @@ class Engine:
         self._goodbye_sent: frozenset | None = None
         self._closed = False
         self._shutdown_handle: Handle | None = None
+        self._leaving_requested = False  # set by the compute thread in shutdown()
         self.failure: HvdPartialError | None = None
         self._stopped = threading.Event()
         now = time.monotonic()
@@ -144,8 +145,6 @@ class Engine:
         self._commands.append(command)
         self._wake.set()
         return handle
-
-    _leaving_requested = False
 
     def submit_post(self, name, buffers, owned, layout, grouped, sync, op, signature) -> Handle:
         handle = Handle(name)
@@ -193,6 +192,18 @@ class Engine:
         self._wake.set()
         handle.wait(self.config.abort_grace_seconds + 1.0)
         self._stop_thread()
+
+    def free_stream_comms(self) -> None:
+        """Free the streams' communicators once the thread has stopped cleanly
+        (collective: every rank frees them in stream order)."""
+        if self._thread.is_alive() or self.failure is not None:
+            return
+        for sid in sorted(self._comms):
+            request = self._comm_requests.get(sid)
+            if request is not None:
+                request.Wait()
+            self._comms[sid].Free()
+        self._comms.clear()
 
     def _stop_thread(self):
         self._stopped.set()
