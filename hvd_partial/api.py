@@ -241,7 +241,7 @@ def _post(engine: Engine, arrays, name, mode, op, max_staleness, grouped: bool) 
             raise ConfigError(f"max_staleness must be an int >= 0, got {max_staleness!r}")
     if op is ReduceOp.AVERAGE:
         for a in arrays:
-            if a.dtype.kind not in "f":
+            if a.dtype.kind != "f":
                 raise UnsupportedInputError(
                     f"op=Average needs floating-point arrays; stream {name!r} has {a.dtype.name} (use op=Sum)")
     layout = Layout.of(arrays)

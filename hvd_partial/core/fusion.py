@@ -14,13 +14,20 @@ import numpy as np
 from ..errors import UnsupportedInputError
 
 SUPPORTED_DTYPES = ("float16", "float32", "float64", "int32", "int64", "uint8", "int8")
+# dtype.name is computed in Python on every access; posts are a hot path.
+_NAMES = {np.dtype(name): name for name in SUPPORTED_DTYPES}
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    name = _NAMES.get(dtype)
+    return name if name is not None else dtype.name
 
 
 def check_array(array, what: str = "array") -> np.ndarray:
     """Validate one posted array; returns it as an ndarray (no copy)."""
     if not isinstance(array, np.ndarray):
         raise UnsupportedInputError(f"{what} must be a numpy.ndarray, got {type(array).__name__}")
-    if array.dtype.name not in SUPPORTED_DTYPES:
+    if array.dtype not in _NAMES:
         raise UnsupportedInputError(
             f"{what} has unsupported dtype {array.dtype.name}; supported: {', '.join(SUPPORTED_DTYPES)}")
     if not array.flags.c_contiguous:
@@ -36,7 +43,7 @@ class Layout:
 
     @classmethod
     def of(cls, arrays) -> "Layout":
-        return cls(tuple((tuple(a.shape), a.dtype.name) for a in arrays))
+        return cls(tuple((a.shape, dtype_name(a.dtype)) for a in arrays))
 
     @property
     def groups(self) -> list[tuple[str, list[int]]]:

@@ -99,7 +99,9 @@ class Engine:
         self.coordinator = Coordinator(self.size) if self.rank == 0 else None
         self.stats = StatsRecorder(self.size)
         self._commands: deque = deque()
-        self._wake = threading.Event()
+        # Unlocked means "a wake-up is pending": a bare lock is much cheaper to
+        # hand between threads than threading.Event, and every post passes here.
+        self._wake = threading.Lock()
         self._streams: dict[str, RankStream] = {}
         self._by_id: dict[int, RankStream] = {}
         self._held: dict[str, Waiter] = {}  # first posts waiting for registration
@@ -143,8 +145,14 @@ class Engine:
         if self._stopped.is_set() or self._leaving_requested:
             raise NotInitializedError("hvd_partial is shut down on this rank; call hvd_partial.init() first")
         self._commands.append(command)
-        self._wake.set()
+        self._poke()
         return handle
+
+    def _poke(self) -> None:
+        try:
+            self._wake.release()
+        except RuntimeError:  # already unlocked: a wake-up is pending anyway
+            pass
 
     def submit_post(self, name, buffers, owned, layout, grouped, sync, op, signature) -> Handle:
         handle = Handle(name)
@@ -175,7 +183,7 @@ class Engine:
             handle = Handle("shutdown")
             self._commands.append(ShutdownCommand(handle))
             self._leaving_requested = True
-            self._wake.set()
+            self._poke()
             try:
                 self.wait(handle)
             finally:
@@ -189,7 +197,7 @@ class Engine:
             return
         handle = Handle("abort")
         self._commands.append(AbortCommand(reason, handle))
-        self._wake.set()
+        self._poke()
         handle.wait(self.config.abort_grace_seconds + 1.0)
         self._stop_thread()
 
@@ -207,7 +215,7 @@ class Engine:
 
     def _stop_thread(self):
         self._stopped.set()
-        self._wake.set()
+        self._poke()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=max(5.0, self.config.abort_grace_seconds + 1.0))
 
@@ -236,9 +244,9 @@ class Engine:
                         time.sleep(1e-4)
                 else:
                     # Nothing in flight: back off, but wake at once on a new command.
-                    self._wake.clear()
+                    self._wake.acquire(blocking=False)  # consume a pending wake-up
                     if not self._commands:
-                        self._wake.wait(min(poll_max, 2e-5 * idle))
+                        self._wake.acquire(timeout=min(poll_max, 2e-5 * idle))
         except BaseException as exc:  # the engine must never die silently
             log.exception("hvd_partial engine of rank %d crashed", self.rank)
             self._fail(EngineError(f"engine of rank {self.rank} crashed: {exc!r}"), notify=True)

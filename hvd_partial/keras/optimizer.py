@@ -35,7 +35,7 @@ import hvd_partial as _core  # noqa: E402
 from ..errors import ConfigError, UnsupportedInputError  # noqa: E402
 from ..modes import Majority, Mode, ReduceOp, Solo, Sync  # noqa: E402
 from ..tensorflow.compression import Compression, Compressor  # noqa: E402
-from ..tensorflow.exchange import GradientExchange, rank_label  # noqa: E402
+from ..tensorflow.exchange import GradientExchange, _graph_builder, rank_label  # noqa: E402
 from . import fit_hooks  # noqa: E402
 
 log = logging.getLogger("hvd_partial.keras")
@@ -238,11 +238,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self._lr_fn = fn
         self._lr_until = until_round
 
+    @_graph_builder
     def apply_gradients(self, grads_and_vars):
         grads, variables = zip(*grads_and_vars)
         self.apply(grads, variables)
         return self.iterations
 
+    @_graph_builder
     def apply(self, grads, trainable_variables=None):
         """Post ``grads`` and apply every round taken (k inner updates)."""
         grads = list(grads)

@@ -39,6 +39,11 @@ _registry_lock = threading.Lock()
 _exchanges: dict[str, "GradientExchange"] = {}
 
 
+# Code that builds graph ops with plain Python control flow: AutoGraph would
+# only re-convert it (seconds per trace) when a user's tf.function calls it.
+_graph_builder = tf.autograph.experimental.do_not_convert
+
+
 def rank_label() -> str:
     """This process's rank for error messages (``?`` before ``init``)."""
     try:
@@ -156,6 +161,7 @@ class RoundGradients:
             return tf.constant(0, dtype=tf.int32)
         return tf.shape(self._stacked[0], out_type=tf.int32)[0]
 
+    @_graph_builder
     def round(self, i) -> list:
         """Gradients of round ``i`` (0 = oldest taken), aligned with the sources."""
         if self.plan is None:
@@ -171,6 +177,7 @@ class RoundGradients:
         for i in range(len(self)):
             yield self.round(i)
 
+    @_graph_builder
     def apply(self, optimizer, variables=None):
         """Apply every round, oldest first, with ``optimizer.apply_gradients``
         (one update per round). Returns k. Works eagerly and in ``tf.function``."""
@@ -181,6 +188,7 @@ class RoundGradients:
             optimizer.build(list(variables))
         return self.apply_with(update, variables)
 
+    @_graph_builder
     def apply_with(self, update, variables=None):
         """Call ``update(grads, variables)`` once per round, in order, leaving out
         sources without a gradient. Returns k."""
@@ -304,6 +312,7 @@ class GradientExchange:
 
     # -- posting ------------------------------------------------------------------
 
+    @_graph_builder
     def exchange(self, grads, sources) -> RoundGradients:
         """Post ``grads`` (aligned with ``sources``) and return the rounds taken.
 

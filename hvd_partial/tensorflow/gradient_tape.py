@@ -31,7 +31,8 @@ import hvd_partial as _core
 from ..errors import ConfigError
 from ..modes import Mode, ReduceOp
 from .compression import Compression, Compressor
-from .exchange import GradientExchange, RoundGradients, exchange_for, existing_exchange, rank_label
+from .exchange import (GradientExchange, RoundGradients, _graph_builder, exchange_for, existing_exchange,
+                       rank_label)
 
 #: Stream used by tapes created without ``name=``.
 DEFAULT_TAPE_STREAM = "tensorflow.DistributedGradientTape"
@@ -90,6 +91,7 @@ class DistributedGradientTape:
         # Only reached for names this class does not define: watch, stop_recording, jacobian, ...
         return getattr(self._tape, attr)
 
+    @_graph_builder
     def gradient_rounds(self, target, sources, output_gradients=None,
                         unconnected_gradients=tf.UnconnectedGradients.NONE) -> RoundGradients:
         """Compute this rank's gradients, post them and return every round the
@@ -111,6 +113,7 @@ class DistributedGradientTape:
                 self._exchange.reraise(err)
         return self._exchange.exchange(grads, flat_sources)
 
+    @_graph_builder
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
         """Horovod's call: the reduced gradients, in the structure of ``sources``.
