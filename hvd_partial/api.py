@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -65,7 +66,9 @@ def init(comm=None, **config) -> None:
         logging.getLogger("hvd_partial").setLevel(cfg.log_level.upper())
         from .transport.mpi import MpiTransport  # MPI is imported only when needed
 
-        transport = MpiTransport(comm)
+        from .launch.horovod import shared_comm
+
+        transport = MpiTransport(shared_comm(comm))  # Horovod's communicator when Horovod runs
         transport.barrier()  # every engine starts its liveness clock together
         engine = Engine(transport, cfg)
         engine.start()
@@ -145,7 +148,7 @@ def config() -> Config:
 
 # ===== partial allreduce ===============================================================
 
-def partial_allreduce_async(array, name: str, mode: Mode = Solo(), op: ReduceOp = Average,
+def partial_allreduce_async(array, name: str, mode: Mode | None = None, op: ReduceOp = Average,
                             max_staleness: int | None = None) -> Handle:
     """Post ``array`` to stream ``name`` and return a handle at once.
 
@@ -161,7 +164,7 @@ def partial_allreduce_async(array, name: str, mode: Mode = Solo(), op: ReduceOp 
     return _post(engine, [check_array(array)], name, mode, op, max_staleness, grouped=False)
 
 
-def grouped_partial_allreduce_async(arrays, name: str, mode: Mode = Solo(), op: ReduceOp = Average,
+def grouped_partial_allreduce_async(arrays, name: str, mode: Mode | None = None, op: ReduceOp = Average,
                                     max_staleness: int | None = None) -> Handle:
     """Post a list of arrays as one stream (one activation per round, fused
     buffers). Each result's ``arrays`` holds the reduced list.
@@ -179,7 +182,7 @@ def grouped_partial_allreduce_async(arrays, name: str, mode: Mode = Solo(), op: 
     return _post(engine, checked, name, mode, op, max_staleness, grouped=True)
 
 
-def partial_allreduce(array, name: str, mode: Mode = Solo(), op: ReduceOp = Average,
+def partial_allreduce(array, name: str, mode: Mode | None = None, op: ReduceOp = Average,
                       max_staleness: int | None = None) -> list[RoundResult]:
     """Post ``array`` to stream ``name`` and return the rounds this post took.
 
@@ -228,6 +231,8 @@ def flush(name: str) -> list[RoundResult]:
 def _post(engine: Engine, arrays, name, mode, op, max_staleness, grouped: bool) -> Handle:
     if not isinstance(name, str) or not name:
         raise TypeError(f"stream name must be a non-empty str, got {name!r}")
+    if mode is None:  # the configured default (HVD_PARTIAL_MODE, SEED, QUORUM; solo unless set)
+        mode = _config.default_mode()
     if not isinstance(mode, Mode):
         raise TypeError(f"mode must be hvd_partial.Sync(), Solo() or Majority(...), got {mode!r}")
     if not isinstance(op, ReduceOp):
@@ -351,7 +356,8 @@ def stats() -> dict:
     engine = _engine
     if engine is None:
         raise NotInitializedError("stats() before init()")
-    return engine.stats.snapshot()
+    snapshot = engine.stats.snapshot()
+    return engine.observer.enrich(snapshot) if getattr(engine, "observer", None) is not None else snapshot
 
 
 # ===== exit paths ======================================================================
@@ -368,9 +374,14 @@ def _install_hooks() -> None:
         def hook(exc_type, exc, tb):
             previous(exc_type, exc, tb)
             engine = _engine
-            if engine is None or not engine.running:
+            if engine is None:
                 return
+            started = time.monotonic()
             engine.abort(f"uncaught {exc_type.__name__}: {exc}")
+            # Launchers (Open MPI's at once, MPICH's on a signal) kill the whole
+            # job when one process exits with an error: stay a moment, so that
+            # the others can handle the failure notice and report it first.
+            time.sleep(max(0.0, engine.config.abort_grace_seconds - (time.monotonic() - started)))
             _hard_exit(1)
 
         sys.excepthook = hook

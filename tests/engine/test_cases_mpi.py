@@ -18,7 +18,14 @@ def test_calls_before_init_and_after_shutdown_fail_clearly():
 def test_sync_equals_plain_mpi_allreduce_bitwise(nprocs):
     res = run_mpi("engine_cases.py", nprocs, "sync_equals_allreduce")
     for rank, rep in res.results.items():
-        assert rep["same"], f"rank {rank}: sync result differs from MPI.Allreduce"
+        # The engine runs MPI's nonblocking allreduce: bitwise the same as calling it directly.
+        assert rep["same_nonblocking"], f"rank {rank}: sync result differs from MPI.Iallreduce"
+        assert rep["ints"], f"rank {rank}: integer sync result differs from MPI.Allreduce"
+        if rep["library"] == "MPICH":
+            assert rep["same"], f"rank {rank}: sync result differs from MPI.Allreduce"
+        else:
+            # Open MPI's blocking and nonblocking allreduce may sum floats in another order.
+            assert rep["close"], f"rank {rank}: sync result differs from MPI.Allreduce beyond rounding"
         total = sum(r + 1 for r in range(nprocs))
         assert rep["helper"] == [i * total for i in range(5)]
 
