@@ -121,3 +121,12 @@ def test_async_post_then_flush_loses_nothing(nprocs):
     res = run_mpi("engine_cases.py", nprocs, "shutdown_in_flight")
     for rep in res.results.values():
         assert rep["summed"] == [1.0] * (nprocs * 7)
+
+
+@pytest.mark.parametrize("nprocs", [3, 4])
+def test_many_streams_in_flight_in_different_orders(nprocs):
+    res = run_mpi("engine_cases.py", nprocs, "many_streams")
+    for name in res.results[0]["sums"]:
+        total = [sum(res.results[r]["posted"][name][i] for r in range(nprocs)) for i in range(4)]
+        for r in range(nprocs):
+            assert res.results[r]["sums"][name] == total, f"rank {r}, {name}: lost or doubled data"

@@ -182,5 +182,33 @@ elif case == "shutdown_in_flight":
     report({"summed": np.sum([r.array for r in got], axis=0)})
     hvd.shutdown()
 
+elif case == "many_streams":
+    # Streams registered and posted in a different order on every rank, all in
+    # flight at once, in mixed modes: per-stream communicators keep them apart.
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    modes = [hvd.Solo(), hvd.Sync(), hvd.Majority(seed=3), hvd.Solo()]
+    names = [f"stream{i}" for i in range(len(modes))]
+    order = list(range(len(names)))
+    rng = np.random.default_rng(rank)
+    sums = {n: np.zeros(4) for n in names}
+    posted = {n: np.zeros(4) for n in names}
+    for step in range(8):
+        rng.shuffle(order)
+        handles = []
+        for i in order:
+            x = np.full(4, float(rank * 100 + step + i))
+            posted[names[i]] += x
+            handles.append((names[i], hvd.partial_allreduce_async(x, names[i], mode=modes[i], op=hvd.Sum)))
+        for name, handle in handles:
+            for r in hvd.synchronize(handle):
+                sums[name] += r.array
+        time.sleep(0.001 * rank)
+    for name in names:  # flush is collective: the same order everywhere
+        for r in hvd.flush(name):
+            sums[name] += r.array
+    report({"sums": {n: sums[n] for n in names}, "posted": {n: posted[n] for n in names}})
+    hvd.shutdown()
+
 else:
     raise SystemExit(f"unknown case {case}")
