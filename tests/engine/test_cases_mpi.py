@@ -130,3 +130,10 @@ def test_many_streams_in_flight_in_different_orders(nprocs):
         total = [sum(res.results[r]["posted"][name][i] for r in range(nprocs)) for i in range(4)]
         for r in range(nprocs):
             assert res.results[r]["sums"][name] == total, f"rank {r}, {name}: lost or doubled data"
+
+
+def test_idle_engine_backs_off():
+    res = run_mpi("engine_cases.py", 4, "idle_cpu")
+    for rank, rep in res.results.items():
+        # process CPU time over 2 s of sleep: the engine's polling alone
+        assert rep["cpu_fraction"] < 0.15, f"rank {rank}: idle engine used {rep['cpu_fraction']:.0%} of a core"

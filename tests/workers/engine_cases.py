@@ -210,5 +210,15 @@ elif case == "many_streams":
     report({"sums": {n: sums[n] for n in names}, "posted": {n: posted[n] for n in names}})
     hvd.shutdown()
 
+elif case == "idle_cpu":
+    # An idle engine must leave the CPU to the training thread.
+    hvd.init()
+    hvd.partial_allreduce(np.ones(4), "warm", mode=hvd.Solo())
+    hvd.barrier()
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    time.sleep(2.0)
+    report({"cpu_fraction": (time.process_time() - cpu0) / (time.monotonic() - wall0)})
+    hvd.shutdown()
+
 else:
     raise SystemExit(f"unknown case {case}")
