@@ -47,6 +47,22 @@ class Config:
     #: Install a ``sys.excepthook`` that tells the other ranks when this rank
     #: dies of an uncaught exception, then exits without a collective flush.
     abort_on_exception: bool = True
+    #: Mode of streams posted without ``mode=``: ``sync``, ``solo`` or ``majority``.
+    mode: str = "solo"
+    #: Seed of majority mode's initiator draw (streams posted without ``mode=``).
+    seed: int = 0
+    #: Majority quorum for streams posted without ``mode=``; 0 means none.
+    quorum: int = 0
+    #: Chrome-trace timeline written by every rank ('' = off). ``{rank}`` in the
+    #: name is replaced by the rank, else ``.rank<N>`` goes before the suffix.
+    timeline_filename: str = ""
+    #: Warn (on every rank) about a rank that has called nothing for this long
+    #: while others wait or post; 0 turns the stall inspector off.
+    stall_warning_seconds: float = 60.0
+    #: Past this long, every rank raises ``StalledRankError``; 0 = never (default).
+    stall_shutdown_seconds: float = 0.0
+    #: Rank 0 logs the slow-rank report at INFO this often; 0 = never.
+    report_seconds: float = 60.0
 
     def __post_init__(self):
         if self.max_staleness < 0:
@@ -60,9 +76,18 @@ class Config:
             raise ConfigError(f"fusion_threshold_bytes must be > 0, got {self.fusion_threshold_bytes}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {self.log_level!r}")
+        from .config_env import check_extra_fields
+
+        check_extra_fields(self)
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)
+
+    def default_mode(self):
+        """The mode of streams posted without ``mode=`` (fields mode, seed, quorum)."""
+        from .modes import mode_from_name
+
+        return mode_from_name(self.mode, seed=self.seed, quorum=self.quorum or None)
 
 
 def _parse(field_type: Any, text: str, source: str) -> Any:
@@ -93,7 +118,9 @@ def load_config(overrides: Mapping[str, Any] | None = None, environ: Mapping[str
     environ = os.environ if environ is None else environ
     overrides = dict(overrides or {})
     known = {f.name: f for f in fields(Config)}
-    values: dict[str, Any] = {}
+    from .config_env import horovod_values
+
+    values: dict[str, Any] = horovod_values(environ, known, _parse)  # HVD_PARTIAL_* wins over them
     for key, text in environ.items():
         if not key.startswith(ENV_PREFIX):
             continue

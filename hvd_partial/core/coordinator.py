@@ -11,6 +11,7 @@ Sync streams only register and flush here; their rounds need no decision.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from ..modes import designated_initiator
@@ -23,14 +24,20 @@ class RankView:
 
     taken: int = 0  # rounds taken (or certain to be taken without computing)
     waiting: bool = False  # a post waits for round ``taken``
-    known_seq: int = 0  # last post reported
-    included_seq: int = 0  # last post summed in a started round
-    oldest_pending_for: int | None = None  # computed_for of the oldest pending post
+    included_seq: int = 0  # last post known to be summed in a round
+    # posts reported and not yet known to be in a round: (seq, computed_for)
+    pending_posts: deque = field(default_factory=deque)
     flushing: bool = False
 
     @property
     def pending(self) -> bool:
-        return self.known_seq > self.included_seq
+        return bool(self.pending_posts)
+
+    def include(self, last_seq: int) -> None:
+        """Posts up to ``last_seq`` have been summed into a round."""
+        self.included_seq = max(self.included_seq, last_seq)
+        while self.pending_posts and self.pending_posts[0][0] <= self.included_seq:
+            self.pending_posts.popleft()
 
 
 @dataclass
@@ -93,7 +100,7 @@ class Coordinator:
         sid = len(self.streams)
         # The first post of every rank is the registration itself: round 0
         # therefore waits for (and sums) every rank's first contribution.
-        views = [RankView(taken=0, waiting=True, known_seq=1, oldest_pending_for=0)
+        views = [RankView(taken=0, waiting=True, pending_posts=deque([(1, 0)]))
                  for _ in range(self.world_size)]
         state = StreamState(msg.name, sid, reference, views, initiated=[0] * self.world_size)
         self.streams.append(state)
@@ -121,9 +128,8 @@ class Coordinator:
     def on_post(self, msg: Post) -> list:
         state = self.streams[msg.stream]
         view = state.views[msg.rank]
-        if not view.pending:
-            view.oldest_pending_for = msg.computed_for
-        view.known_seq = msg.seq
+        if msg.seq > view.included_seq:  # else a round already summed it (the report came late)
+            view.pending_posts.append((msg.seq, msg.computed_for))
         view.taken = max(view.taken, msg.taken)
         view.waiting = msg.waiting
         if view.waiting and view.taken < state.completed:
@@ -160,12 +166,15 @@ class Coordinator:
         self.closed = True
         return out + [Closed()]
 
-    def on_round_complete(self, stream: int, round_number: int) -> list:
-        """Rank 0's engine completed ``round_number`` of ``stream``."""
+    def on_round_complete(self, stream: int, round_number: int, included: dict | None = None) -> list:
+        """Rank 0's engine completed ``round_number`` of ``stream``; ``included``
+        maps each contributing rank to the last post it summed in the round."""
         state = self.streams[stream]
         if state.kind == "sync":
             return []
         state.completed = round_number + 1
+        for rank, last_seq in (included or {}).items():
+            state.views[rank].include(last_seq)
         for view in state.views:
             if view.waiting and view.taken == round_number:
                 view.taken += 1
@@ -179,7 +188,7 @@ class Coordinator:
             if state.kind == "sync":
                 for v in state.views:
                     v.flushing = False
-                return [Start(state.id, None, (), None, (), (), flush=True)]
+                return [Start(state.id, None, None, flush=True)]
             if state.in_flight:
                 return []
             return self._start_round(state, initiator=None, flush=True)
@@ -221,15 +230,13 @@ class Coordinator:
 
     def _start_round(self, state: StreamState, initiator: int | None, flush: bool) -> list:
         r = state.started
-        contributors, staleness, upto, lag = [], [], [], []
-        for j, v in enumerate(state.views):
+        lag = []
+        for v in state.views:
             lag.append(max(0, r - v.taken))
-            upto.append(v.known_seq)
-            if v.pending:
-                contributors.append(j)
-                staleness.append((j, r - v.oldest_pending_for))
-                v.included_seq = v.known_seq
-                v.oldest_pending_for = None
+            # Every post reported so far reached its rank's engine before this
+            # message will: it is summed in this round (and maybe later ones too).
+            if v.pending_posts:
+                v.include(v.pending_posts[-1][0])
             if flush:
                 v.flushing = False
                 v.taken = r
@@ -237,5 +244,4 @@ class Coordinator:
         state.started += 1
         if initiator is not None:
             state.initiated[initiator] += 1
-        return [Start(state.id, r, tuple(upto), initiator, tuple(contributors), tuple(staleness),
-                      flush=flush, lag=tuple(lag))]
+        return [Start(state.id, r, initiator, flush=flush, lag=tuple(lag))]

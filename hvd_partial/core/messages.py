@@ -110,16 +110,16 @@ class Closed:
 class Start:
     """Start round ``round`` of ``stream``.
 
-    ``upto[j]`` is the last post sequence number of rank ``j`` summed in this
-    round (posts after it stay pending). ``round`` is ``None`` for the flush of a
-    sync stream, whose rounds are counted locally.
+    Every rank sums into the round everything it has posted and not yet
+    contributed when it receives this message (so a post that reached its
+    engine first is fresh in this round); which ranks contributed, and how
+    stale their data was, travels with the reduction itself. ``round`` is
+    ``None`` for the flush of a sync stream, whose rounds are counted locally.
+    ``lag[j]`` is how many rounds rank ``j`` had not taken when the round started.
     """
 
     stream: int
     round: int | None
-    upto: tuple
     initiator: int | None
-    contributors: tuple
-    staleness: tuple  # ((rank, rounds), ...) for each contributor
     flush: bool = False
-    lag: tuple = field(default=())  # rounds each rank is behind, at the start
+    lag: tuple = field(default=())

@@ -29,13 +29,17 @@ class PendingPost:
 class Launch:
     """A round to reduce: sum ``send`` over all ranks, then call ``complete``.
 
-    ``send`` is ``None`` when the round has no contributors anywhere; the
-    engine then completes it with zeros and no communication.
+    ``send`` is ``None`` when the round has no contributors anywhere (the
+    flush of a sync stream); the engine then completes it with zeros and no
+    communication. For solo and majority rounds the last buffer of ``send``
+    holds this rank's facts (contributed, staleness, last post summed), so
+    the reduction gathers every rank's facts with the data.
     """
 
     round: int
     send: list | None
     facts: Start | None  # None for sync rounds (all ranks, fresh)
+    with_facts: bool = False
 
 
 class Waiter:
@@ -79,6 +83,8 @@ class RankStream:
         self.results: deque[RoundResult] = deque()
         self.waiter: Waiter | None = None
         self._zeros: list | None = None
+        # rank -> last post it summed in the latest completed round (for the coordinator)
+        self.last_included: dict[int, int] = {}
 
     # -- compute-thread requests (run on the engine thread) ---------------------
 
@@ -132,29 +138,40 @@ class RankStream:
         if start.round != self.started:
             raise AssertionError(f"stream {self.name!r}: expected round {self.started}, got {start.round}")
         self.started += 1
-        if not start.contributors:
-            return Launch(start.round, None, start)
-        upto = start.upto[self.rank]
-        items = []
-        while self.pending and self.pending[0].seq <= upto:
-            items.append(self.pending.popleft())
-        return Launch(start.round, self._combine(items), start)
+        # Everything posted before this message reached the engine joins the round.
+        items = list(self.pending)
+        self.pending.clear()
+        P = self.world_size
+        facts = np.zeros(3 * P, dtype=np.int64)
+        if items:
+            facts[self.rank] = 1
+            facts[P + self.rank] = start.round - items[0].computed_for
+            facts[2 * P + self.rank] = items[-1].seq
+        return Launch(start.round, [*self._combine(items), facts], start, with_facts=True)
 
     def complete(self, launch: Launch, reduced: list | None) -> Waiter | None:
         """A round finished with the reduced ``buffers`` (None: nothing was
         contributed). Returns the waiter to wake, if it is now satisfied."""
+        facts = launch.facts
         if reduced is None:
             reduced = self.layout.zeros()
-        elif self.op is ReduceOp.AVERAGE:
+            contributors, staleness = [], {}
+            self.last_included = {}
+        elif launch.with_facts:
+            gathered, reduced = reduced[-1], reduced[:-1]
+            P = self.world_size
+            contributors = [j for j in range(P) if gathered[j]]
+            staleness = {j: int(gathered[P + j]) for j in contributors}
+            self.last_included = {j: int(gathered[2 * P + j]) for j in contributors}
+        else:
+            contributors, staleness = list(range(self.world_size)), {j: 0 for j in range(self.world_size)}
+        if contributors and self.op is ReduceOp.AVERAGE:
             for buf in reduced:
                 np.divide(buf, self.world_size, out=buf)
-        facts = launch.facts
         if facts is None:
-            result = RoundResult(launch.round, None, list(range(self.world_size)),
-                                 {j: 0 for j in range(self.world_size)})
+            result = RoundResult(launch.round, None, contributors, staleness)
         else:
-            result = RoundResult(launch.round, facts.initiator, list(facts.contributors),
-                                 dict(facts.staleness), flush=facts.flush)
+            result = RoundResult(launch.round, facts.initiator, contributors, staleness, flush=facts.flush)
         arrays = self.layout.unpack(reduced)
         result.buffers = reduced
         if self.grouped:

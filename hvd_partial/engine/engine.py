@@ -19,6 +19,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 from ..config import Config
 from ..core.buffer_pool import BufferPool
 from ..core.coordinator import Coordinator
@@ -31,6 +33,7 @@ from ..errors import (EngineError, HvdPartialError, MismatchError, NotInitialize
 from ..modes import ReduceOp
 from ..transport.mpi import TAG_FAILURE, TAG_FROM_COORDINATOR, TAG_HEARTBEAT, TAG_TO_COORDINATOR
 from .handle import Handle
+from ..observe.monitor import TAG_STATUS
 from .stats import StatsRecorder
 
 log = logging.getLogger("hvd_partial.engine")
@@ -98,6 +101,10 @@ class Engine:
         self.size = transport.size
         self.coordinator = Coordinator(self.size) if self.rank == 0 else None
         self.stats = StatsRecorder(self.size)
+        from ..observe import attach_observer  # stall inspector, report, timeline; None when all are off
+
+        self.observer = attach_observer(self)
+        self.timeline = self.observer.timeline if self.observer is not None else None
         self._commands: deque = deque()
         # Unlocked means "a wake-up is pending": a bare lock is much cheaper to
         # hand between threads than threading.Event, and every post passes here.
@@ -252,6 +259,8 @@ class Engine:
             self._fail(EngineError(f"engine of rank {self.rank} crashed: {exc!r}"), notify=True)
             self._drain_failure_notices()
         finally:
+            if self.observer is not None:
+                self.observer.close()
             self._stopped.set()
 
     def _finished(self) -> bool:
@@ -308,6 +317,8 @@ class Engine:
     # -- commands -------------------------------------------------------------------
 
     def _handle_command(self, cmd) -> None:
+        if self.observer is not None:
+            self.observer.on_command(cmd)
         if isinstance(cmd, AbortCommand):
             self._fail(RankFailedError(self.rank, cmd.reason), notify=True, local=True)
             cmd.handle.set_result(None)
@@ -370,6 +381,8 @@ class Engine:
             return
         self._pending_handles.discard(handle)
         handle.set_result(waiter.results)
+        if self.observer is not None:
+            self.observer.on_finish(stream.name, waiter)
         if waiter.kind == "post":
             self.stats.post_finished(stream.name, handle.wait_seconds or 0.0)
 
@@ -390,6 +403,9 @@ class Engine:
             self._fail(RankFailedError(message.rank, message.reason), notify=False)
         elif tag == TAG_HEARTBEAT:
             pass
+        elif tag == TAG_STATUS:
+            if self.observer is not None:
+                self.observer.on_status(source, message)
         else:
             log.warning("rank %d: ignoring a message with unknown tag %d from rank %d", self.rank, tag, source)
 
@@ -454,6 +470,8 @@ class Engine:
     # -- rounds -----------------------------------------------------------------------
 
     def _launch(self, stream: RankStream, launch: Launch) -> None:
+        if self.timeline is not None:
+            self.timeline.launched(stream.name, launch)
         self._rounds[stream.id].append(_RoundEntry(launch))
         self._start_entries(stream.id)
 
@@ -468,6 +486,8 @@ class Engine:
         for entry in self._rounds[sid]:
             if entry.requests is None and entry.launch.send is not None:
                 entry.recv = self._pools[sid].take(specs)
+                if entry.launch.with_facts:
+                    entry.recv.append(np.empty_like(entry.launch.send[-1]))
                 entry.requests = [self.transport.iallreduce(comm, s, r)
                                   for s, r in zip(entry.launch.send, entry.recv)]
 
@@ -492,11 +512,13 @@ class Engine:
         launch = entry.launch
         waiter = stream.complete(launch, entry.recv)
         self.stats.round_completed(stream.name, waiter.results[-1] if waiter is not None else stream.results[-1])
+        if self.timeline is not None:
+            self.timeline.reduced(stream.name, launch, waiter.results[-1] if waiter is not None else stream.results[-1])
         if waiter is not None:
             self._finish(stream, waiter)
         if self.coordinator is not None and not stream.sync and launch.facts is not None \
                 and launch.facts.round is not None:
-            self._broadcast(self.coordinator.on_round_complete(stream.id, launch.round))
+            self._broadcast(self.coordinator.on_round_complete(stream.id, launch.round, stream.last_included))
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -551,6 +573,8 @@ class Engine:
         if now < self._next_liveness_check:
             return
         self._next_liveness_check = now + 0.01
+        if self.observer is not None:
+            self.observer.tick()
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self.config.heartbeat_seconds
             for dest in range(self.size):

@@ -159,7 +159,8 @@ class LoopbackWorld:
                 rank.taken.extend(woken.results)
                 rank.waiter = None
             if j == 0 and self.mode.kind != "sync" and launch.facts is not None and launch.facts.round is not None:
-                self._broadcast(self.coordinator.on_round_complete(rank.stream.id, launch.round))
+                self._broadcast(self.coordinator.on_round_complete(rank.stream.id, launch.round,
+                                                                   rank.stream.last_included))
         else:
             raise ValueError(kind)
 

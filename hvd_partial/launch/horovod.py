@@ -1,0 +1,71 @@
+"""Running beside Horovod: when a Horovod framework module is imported and
+initialized in this process, ``hvd_partial.init()`` shares its communicator.
+
+Horovod has no getter for its communicator. When it runs on MPI over
+``MPI_COMM_WORLD`` (``horovodrun --mpi`` or ``mpirun``, the default), ranks
+agree and hvd_partial uses ``MPI_COMM_WORLD`` too. When Horovod was given a
+sub-communicator, or runs on Gloo, the ranks cannot be matched and ``init``
+raises :class:`~hvd_partial.errors.ConfigError` saying what to do.
+
+Example::
+
+    import horovod.torch as hvd_h
+    import hvd_partial
+
+    hvd_h.init()
+    hvd_partial.init()              # same ranks as Horovod
+    assert hvd_partial.rank() == hvd_h.rank()
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from ..errors import ConfigError
+
+log = logging.getLogger("hvd_partial.launch")
+
+HOROVOD_MODULES = ("horovod.torch", "horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras",
+                   "horovod.mxnet")
+
+
+def initialized_horovod():
+    """The first imported Horovod framework module that is initialized, or None.
+    Never imports Horovod itself."""
+    for name in HOROVOD_MODULES:
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        try:
+            if module.is_initialized():
+                return module
+        except Exception:  # noqa: BLE001 - an old or broken Horovod: treat as not running
+            continue
+    return None
+
+
+def shared_comm(comm=None):
+    """The communicator ``init`` should use: ``comm`` if given, else Horovod's
+    (``MPI_COMM_WORLD``, after checking that the ranks agree), else ``None``
+    (``MPI_COMM_WORLD``)."""
+    if comm is not None:
+        return comm
+    horovod = initialized_horovod()
+    if horovod is None:
+        return None
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    name = horovod.__name__
+    mpi_enabled = getattr(horovod, "mpi_enabled", None)
+    if mpi_enabled is not None and not mpi_enabled():
+        raise ConfigError(f"{name} is initialized without MPI (Gloo); hvd_partial needs MPI: launch with "
+                          "'horovodrun --mpi' or mpirun, or pass hvd_partial.init(comm=...)")
+    if horovod.size() != world.Get_size() or horovod.rank() != world.Get_rank():
+        raise ConfigError(f"{name} is initialized as rank {horovod.rank()} of {horovod.size()} but "
+                          f"MPI_COMM_WORLD has rank {world.Get_rank()} of {world.Get_size()}: Horovod was given "
+                          "another communicator; pass the same one to hvd_partial.init(comm=...)")
+    log.debug("sharing %s's communicator (MPI_COMM_WORLD, rank %d of %d)", name, world.Get_rank(),
+              world.Get_size())
+    return world

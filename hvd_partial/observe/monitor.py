@@ -1,0 +1,294 @@
+"""The engine's observer: rank statuses, the stall inspector, the periodic
+slow-rank report and the timeline hooks. Runs on the engine thread; only
+:meth:`Observer.enrich` is called from other threads.
+
+Every rank sends a small :class:`RankStatus` to every other rank now and
+then (a few times per stall-warning period, at most every 5 s): how long
+since it last called hvd_partial, whether a call of it is in progress, and
+its wait and compute time per post. So every rank has the whole picture, and
+each decides on its own:
+
+- **stall**: rank j is stalled when it has called nothing (no post, flush,
+  helper or shutdown in progress or submitted) for ``stall_warning_seconds``
+  while another rank was waiting in a call or kept posting. Every rank logs a
+  warning naming j (again every ``stall_warning_seconds``); past
+  ``stall_shutdown_seconds`` (0 = never) every rank fails with
+  :class:`~hvd_partial.observe.stall.StalledRankError` naming j, j itself too.
+  Ranks that all stop calling (an evaluation phase, say) are not stalled.
+  When every rank has waited that long in a call (they wait for each other:
+  a blocking call that not every rank makes), that deadlock is reported the
+  same way, listing each rank's call; the error then names no rank.
+- **report**: rank 0 logs the slow-rank report at INFO every ``report_seconds``.
+
+Example::
+
+    HVD_PARTIAL_STALL_WARNING_SECONDS=30 HVD_PARTIAL_LOG_LEVEL=INFO mpiexec -n 4 python train.py
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from .report import enrich, format_report
+from .stall import StalledRankError
+
+log = logging.getLogger("hvd_partial.report")
+stall_log = logging.getLogger("hvd_partial.stall")
+
+TAG_STATUS = 15  # beside the transport's tags 11-14
+_WINDOW = 512  # recent posts per stream kept for means and p95
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    """What a rank tells every other rank about itself.
+
+    ``idle_seconds``: since its latest call was submitted (since ``init`` if
+    none); ``busy``: a call of it is in progress; ``streams``: name ->
+    (posts, wait mean s, wait p95 s, compute mean s or None).
+    """
+
+    rank: int
+    idle_seconds: float
+    busy: bool
+    last_call: str
+    streams: dict
+
+
+class _Window:
+    __slots__ = ("posts", "waits", "computes", "last_finish")
+
+    def __init__(self):
+        self.posts = 0
+        self.waits: deque = deque(maxlen=_WINDOW)
+        self.computes: deque = deque(maxlen=_WINDOW)
+        self.last_finish: float | None = None
+
+    def figures(self) -> tuple:
+        waits = np.fromiter(self.waits, dtype=float, count=len(self.waits))
+        mean = float(waits.mean()) if waits.size else 0.0
+        p95 = float(np.percentile(waits, 95)) if waits.size else 0.0
+        compute = float(sum(self.computes) / len(self.computes)) if self.computes else None
+        return self.posts, mean, p95, compute
+
+
+def status_interval(config) -> float | None:
+    """Seconds between status messages, or None when nothing needs them."""
+    candidates = []
+    if config.stall_warning_seconds > 0:
+        candidates.append(config.stall_warning_seconds / 4)
+    if config.stall_shutdown_seconds > 0:
+        candidates.append(config.stall_shutdown_seconds / 4)
+    if config.report_seconds > 0:
+        candidates.append(config.report_seconds / 2)
+    if not candidates:
+        return None
+    return min(max(min(candidates), 0.05), 5.0)
+
+
+class Observer:
+    """Attached to an engine by :func:`hvd_partial.observe.attach_observer`."""
+
+    def __init__(self, engine, timeline=None):
+        self.engine = engine
+        self.config = engine.config
+        self.rank = engine.rank
+        self.size = engine.size
+        self.timeline = timeline
+        self._lock = threading.Lock()
+        self._started = time.perf_counter()
+        self._last_submit = self._started
+        self._last_call = "init"
+        self._windows: dict[str, _Window] = {}
+        self._peers: dict[int, tuple[RankStatus, float]] = {}  # rank -> (status, perf_counter received)
+        self._interval = status_interval(self.config)
+        self._next_status = self._started
+        self._report_every = self.config.report_seconds
+        self._next_report = self._started + self._report_every if self._report_every > 0 else float("inf")
+        self._last_report_rounds: dict[str, tuple[int, float]] = {}
+        self._demand_since: dict[int, float] = {}
+        self._warned_at: dict[int, float] = {}
+        self.stalled: dict[int, float] = {}  # rank -> seconds stalled, at the latest check
+        self._closed = False
+
+    # ===== engine hooks (engine thread) ============================================
+
+    def on_command(self, cmd) -> None:
+        kind = type(cmd).__name__
+        handle = getattr(cmd, "handle", None)
+        if handle is None or kind == "AbortCommand":
+            return
+        self._last_submit = handle.posted_at
+        name = getattr(cmd, "name", None)
+        self._last_call = {"PostCommand": f"post {name!r}", "FlushCommand": f"flush {name!r}",
+                           "HelperCommand": handle.name, "ShutdownCommand": "shutdown"}.get(kind, kind)
+        if self.timeline is not None and kind == "PostCommand":
+            self.timeline.post(name, handle.posted_at)
+
+    def on_finish(self, stream: str, waiter) -> None:
+        handle = waiter.handle
+        if waiter.kind == "post":
+            window = self._windows.get(stream)
+            if window is None:
+                with self._lock:
+                    window = self._windows[stream] = _Window()
+            finished = handle.finished_at
+            window.posts += 1
+            window.waits.append(finished - handle.posted_at)
+            if window.last_finish is not None:
+                window.computes.append(max(handle.posted_at - window.last_finish, 0.0))
+            window.last_finish = finished
+        if self.timeline is not None:
+            self.timeline.finished(stream, waiter.kind, handle, [r.round for r in waiter.results])
+
+    def on_status(self, source: int, status: RankStatus) -> None:
+        with self._lock:
+            self._peers[source] = (status, time.perf_counter())
+
+    def tick(self) -> None:
+        """Called by the engine every 10 ms or so."""
+        now = time.perf_counter()
+        if self.timeline is not None:
+            self.timeline.tick(now)
+        if self._interval is not None and now >= self._next_status:
+            self._next_status = now + self._interval
+            self._send_status(now)
+            if self.config.stall_warning_seconds > 0 or self.config.stall_shutdown_seconds > 0:
+                self._inspect(now)
+        if now >= self._next_report:
+            self._next_report = now + self._report_every
+            if self.rank == 0 and log.isEnabledFor(logging.INFO):
+                log.info("hvd_partial slow-rank report after %.1f s:\n%s", now - self._started,
+                         self.report_text(now))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.rank == 0 and self._report_every > 0 and log.isEnabledFor(logging.INFO):
+            try:
+                log.info("hvd_partial final slow-rank report:\n%s", self.report_text(time.perf_counter()))
+            except Exception:  # noqa: BLE001 - never fail a shutdown over a report
+                log.exception("could not build the final report")
+        if self.timeline is not None:
+            self.timeline.close()
+
+    # ===== status and stall inspector ================================================
+
+    def _own_status(self, now: float) -> RankStatus:
+        engine = self.engine
+        busy = bool(engine._pending_handles) or engine._leaving
+        with self._lock:
+            windows = list(self._windows.items())
+        return RankStatus(self.rank, now - self._last_submit, busy, self._last_call,
+                          {name: w.figures() for name, w in windows})
+
+    def _send_status(self, now: float) -> None:
+        status = self._own_status(now)
+        with self._lock:
+            self._peers[self.rank] = (status, now)
+        for dest in range(self.size):
+            if dest != self.rank:
+                self.engine.transport.send(dest, TAG_STATUS, status)
+
+    def _inspect(self, now: float) -> None:
+        """Find stalled ranks; warn, or fail past the shutdown time."""
+        with self._lock:
+            peers = dict(self._peers)
+        if len(peers) < 2:
+            return
+        recent = 2.5 * self._interval
+        last_submit = {j: received - st.idle_seconds for j, (st, received) in peers.items()}
+        active = {j for j, (st, received) in peers.items() if st.busy or now - last_submit[j] < recent}
+        warn_after = self.config.stall_warning_seconds or self.config.stall_shutdown_seconds
+        stalled = {}
+        for j, (st, received) in peers.items():
+            others = active - {j}
+            if st.busy or not others or now - last_submit[j] < recent:
+                self._demand_since.pop(j, None)
+                self._warned_at.pop(j, None)
+                continue
+            since = self._demand_since.get(j)
+            if since is None or since < last_submit[j]:
+                # Others are active while j calls nothing: the stall clock starts
+                # when both were true, as far as the statuses tell.
+                since = self._demand_since[j] = max(last_submit[j], now - self._interval)
+            seconds = now - since
+            if seconds < warn_after:
+                continue
+            stalled[j] = seconds
+            waiting = sorted(others)
+            reason = (f"rank {j} has called no hvd_partial function for {seconds:.1f} s (last call: "
+                      f"{st.last_call}, {now - last_submit[j]:.1f} s ago) while rank(s) "
+                      f"{', '.join(map(str, waiting))} wait or keep posting")
+            shutdown = self.config.stall_shutdown_seconds
+            if shutdown > 0 and seconds >= shutdown:
+                stall_log.error("rank %d: %s; stall_shutdown_seconds=%g: failing every rank", self.rank,
+                                reason, shutdown)
+                # No notice to the others: each rank reaches this verdict from the same
+                # statuses within one status period, and raises StalledRankError itself.
+                self.engine._fail(StalledRankError(j, f"stalled: {reason} (stall_shutdown_seconds={shutdown:g})"),
+                                  notify=False)
+                return
+            last = self._warned_at.get(j)
+            if self.config.stall_warning_seconds > 0 and (last is None or now - last >= warn_after):
+                self._warned_at[j] = now
+                stall_log.warning("rank %d: stall: %s (stall_warning_seconds=%g%s)", self.rank, reason,
+                                  self.config.stall_warning_seconds,
+                                  f", every rank fails after {shutdown:g} s" if shutdown > 0 else "")
+        self.stalled = stalled
+        self._inspect_deadlock(now, peers, last_submit, warn_after)
+
+    def _inspect_deadlock(self, now, peers, last_submit, warn_after) -> None:
+        """Every rank waiting in a call, none submitting anything: they wait for each other."""
+        if len(peers) < self.size or not all(st.busy for st, _ in peers.values()):
+            self._warned_at.pop(-1, None)
+            return
+        waited = min(now - last_submit[j] for j in peers)
+        if waited < warn_after:
+            return
+        calls = ", ".join(f"rank {j} in {peers[j][0].last_call}" for j in sorted(peers))
+        reason = (f"deadlock: every rank has waited {waited:.1f} s or more in an hvd_partial call ({calls}); "
+                  "look for a blocking call (a sync stream, flush, barrier or helper) that not every rank "
+                  "makes, or that ranks make in another order")
+        shutdown = self.config.stall_shutdown_seconds
+        if shutdown > 0 and waited >= shutdown:
+            stall_log.error("rank %d: %s; stall_shutdown_seconds=%g: failing every rank", self.rank, reason, shutdown)
+            self.engine._fail(StalledRankError(None, f"{reason} (stall_shutdown_seconds={shutdown:g})"), notify=False)
+            return
+        last = self._warned_at.get(-1)
+        if self.config.stall_warning_seconds > 0 and (last is None or now - last >= warn_after):
+            self._warned_at[-1] = now
+            stall_log.warning("rank %d: %s (stall_warning_seconds=%g)", self.rank, reason,
+                              self.config.stall_warning_seconds)
+
+    # ===== report ==================================================================
+
+    def enrich(self, snapshot: dict) -> dict:
+        """Add the per-rank figures to a ``StatsRecorder.snapshot()`` (any thread)."""
+        now = time.perf_counter()
+        with self._lock:
+            statuses = {j: st for j, (st, _) in self._peers.items()}
+            windows = list(self._windows.items())
+        # This rank's own figures are always current.
+        statuses[self.rank] = RankStatus(self.rank, now - self._last_submit, False, self._last_call,
+                                         {name: w.figures() for name, w in windows})
+        out = enrich(snapshot, statuses, self.size, now - self._started)
+        for stream in out.values():
+            stream["stalled_ranks"] = dict(self.stalled)
+        return out
+
+    def report_text(self, now: float) -> str:
+        snapshot = self.enrich(self.engine.stats.snapshot())
+        rates = {}
+        for name, s in snapshot.items():
+            rounds0, t0 = self._last_report_rounds.get(name, (0, self._started))
+            rates[name] = (s["rounds"] - rounds0) / max(now - t0, 1e-9)
+            self._last_report_rounds[name] = (s["rounds"], now)
+        return format_report(snapshot, rates, self.stalled)
