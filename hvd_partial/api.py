@@ -228,11 +228,23 @@ def flush(name: str) -> list[RoundResult]:
     return engine.wait(engine.submit_flush(name))
 
 
+def default_mode() -> Mode:
+    """The mode used where none is given: ``HVD_PARTIAL_MODE`` (with ``SEED``
+    and ``QUORUM``), or ``init(mode=...)``; solo unless set.
+
+    Example::
+
+        HVD_PARTIAL_MODE=sync mpiexec -n 4 python train.py
+    """
+    cfg = _config if _engine is not None else load_config()
+    return cfg.default_mode()
+
+
 def _post(engine: Engine, arrays, name, mode, op, max_staleness, grouped: bool) -> Handle:
     if not isinstance(name, str) or not name:
         raise TypeError(f"stream name must be a non-empty str, got {name!r}")
-    if mode is None:  # the configured default (HVD_PARTIAL_MODE, SEED, QUORUM; solo unless set)
-        mode = _config.default_mode()
+    if mode is None:
+        mode = default_mode()
     if not isinstance(mode, Mode):
         raise TypeError(f"mode must be hvd_partial.Sync(), Solo() or Majority(...), got {mode!r}")
     if not isinstance(op, ReduceOp):

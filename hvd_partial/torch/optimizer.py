@@ -97,7 +97,7 @@ class DistributedOptimizer:
     - ``optimizer``: any ``torch.optim.Optimizer`` whose ``step()`` needs no
       closure (SGD, Adam, AdamW, RMSprop, ...). It stays reachable as ``.optimizer``.
     - ``named_parameters``: ``model.named_parameters()``, used in error messages.
-    - ``mode``: ``Solo()`` (default), ``Majority(seed, quorum)`` or ``Sync()``
+    - ``mode``: ``Solo()``, ``Majority(seed, quorum)`` or ``Sync()``; default: ``hvd.default_mode()`` (``HVD_PARTIAL_MODE``, solo unless set)
       (Horovod's semantics exactly: one round per step, every rank's fresh gradient).
     - ``op``: ``Average`` (sum / world size) or ``Sum``.
     - ``compression``: ``Compression.none`` or ``Compression.fp16``.
@@ -134,7 +134,7 @@ class DistributedOptimizer:
         if isinstance(optimizer, torch.optim.LBFGS):
             raise UnsupportedInputError("LBFGS re-evaluates its closure inside step(); a partial round cannot be "
                                         "applied that way. Use an optimizer whose step() needs no closure")
-        mode = Solo() if mode is None else mode
+        mode = _core.default_mode() if mode is None else mode
         if not isinstance(mode, Mode):
             raise TypeError(f"mode must be hvd_partial.torch.Sync(), Solo() or Majority(...), got {mode!r}")
         if not isinstance(op, ReduceOp):
@@ -302,7 +302,10 @@ class DistributedOptimizer:
         ``SynchronizationError``. Clip per round instead, with a hook that runs
         before every applied round on every rank::
 
-            opt.register_step_pre_hook(lambda *_: clip_grad_norm_(model.parameters(), 1.0))
+            def clip(optimizer, args, kwargs):  # a step hook must return None
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+
+            opt.register_step_pre_hook(clip)
 
         Returns the taken rounds' facts (round, initiator, contributors, staleness).
         """
@@ -557,5 +560,11 @@ class DistributedOptimizer:
                              f"(same order, shapes and dtypes)")
 
 
+_TORCH_DTYPES: dict = {}
+
+
 def _torch_dtype(array: np.ndarray) -> torch.dtype:
-    return torch.from_numpy(np.empty(0, dtype=array.dtype)).dtype
+    dtype = _TORCH_DTYPES.get(array.dtype)
+    if dtype is None:
+        dtype = _TORCH_DTYPES[array.dtype] = torch.from_numpy(np.empty(0, dtype=array.dtype)).dtype
+    return dtype

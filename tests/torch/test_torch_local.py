@@ -1,0 +1,127 @@
+"""The torch adapter's pieces that need no MPI: staging, compression and the
+optimizer wrapper's argument checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import hvd_partial  # noqa: E402
+import hvd_partial.torch as hvd  # noqa: E402
+from hvd_partial.torch.tensors import HostStaging, _upload_slice, wire_dtype  # noqa: E402
+
+
+def test_horovod_names_are_exported():
+    for name in ["init", "shutdown", "rank", "size", "local_rank", "local_size", "DistributedOptimizer",
+                 "broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object",
+                 "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "synchronize", "poll",
+                 "broadcast", "broadcast_", "Compression", "Sync", "Solo", "Majority", "Average", "Sum"]:
+        assert hasattr(hvd, name), name
+    assert hvd.Compression.none is not hvd.Compression.fp16
+
+
+def test_cpu_tensors_are_staged_without_copy():
+    grads = [torch.randn(3, 4), torch.randn(5, dtype=torch.float64)]
+    arrays = HostStaging().to_host(grads)
+    for g, a in zip(grads, arrays):
+        assert np.shares_memory(a, g.numpy())
+        assert a.flags.c_contiguous
+
+
+def test_non_contiguous_and_bfloat16_are_converted():
+    t = torch.randn(4, 6).t()  # a transposed view
+    b = torch.randn(3).to(torch.bfloat16)
+    a_t, a_b = HostStaging().to_host([t, b])
+    assert a_t.flags.c_contiguous and np.array_equal(a_t, t.contiguous().numpy())
+    assert a_b.dtype == np.float32 and np.array_equal(a_b, b.float().numpy())
+    (back,) = HostStaging.from_host([a_b], [(torch.device("cpu"), torch.bfloat16, (3,))])
+    assert back.dtype == torch.bfloat16 and torch.equal(back, b)
+
+
+def test_results_come_back_as_views_of_the_result_buffer():
+    fused = np.arange(10, dtype=np.float32)
+    views = [fused[:6].reshape(2, 3), fused[6:]]
+    tensors = HostStaging.from_host(views, [("cpu", torch.float32, (2, 3)), ("cpu", torch.float32, (4,))])
+    assert [tuple(t.shape) for t in tensors] == [(2, 3), (4,)]
+    fused[0] = 42.0  # zero-copy: the tensor sees the buffer
+    assert tensors[0][0, 0].item() == 42.0
+
+
+def test_device_upload_slices_the_fused_buffer_once():
+    fused = np.arange(10, dtype=np.float64)
+    uploads = {}
+    a = _upload_slice(fused[2:5], torch.device("cpu"), uploads)
+    b = _upload_slice(fused[5:10].reshape(5), torch.device("cpu"), uploads)
+    assert a.tolist() == [2.0, 3.0, 4.0] and b.tolist() == [5.0, 6.0, 7.0, 8.0, 9.0]
+    assert len(uploads) == 1
+
+
+def test_wire_dtype_rejects_complex_with_the_tensor_name():
+    assert wire_dtype(torch.bfloat16) == torch.float32
+    assert wire_dtype(torch.float16) == torch.float16
+    with pytest.raises(hvd.UnsupportedInputError, match="fc.weight.*complex64"):
+        wire_dtype(torch.complex64, "fc.weight")
+
+
+def test_fp16_compression_round_trip():
+    t = torch.tensor([1.0 / 3.0, 2.5], dtype=torch.float64)
+    wire, ctx = hvd.Compression.fp16.compress(t)
+    assert wire.dtype == torch.float16
+    back = hvd.Compression.fp16.decompress(wire, ctx)
+    assert back.dtype == torch.float64
+    assert torch.allclose(back, t, atol=1e-3) and not torch.equal(back, t)
+    ints = torch.tensor([1, 2])
+    assert hvd.Compression.fp16.compress(ints)[0] is ints
+    same, ctx = hvd.Compression.none.compress(t)
+    assert same is t and hvd.Compression.none.decompress(same, ctx) is t
+
+
+def test_optimizer_argument_checks():
+    model = torch.nn.Linear(3, 2)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match="torch.optim.Optimizer"):
+        hvd.DistributedOptimizer(model)
+    with pytest.raises(hvd.UnsupportedInputError, match="LBFGS"):
+        hvd.DistributedOptimizer(torch.optim.LBFGS(model.parameters()))
+    with pytest.raises(hvd.ConfigError, match="backward_passes_per_step"):
+        hvd.DistributedOptimizer(sgd, backward_passes_per_step=0)
+    with pytest.raises(hvd.ConfigError, match="max_staleness"):
+        hvd.DistributedOptimizer(sgd, max_staleness=-1)
+    with pytest.raises(TypeError, match="mode"):
+        hvd.DistributedOptimizer(sgd, mode="solo")
+    with pytest.raises(ValueError, match="twice"):
+        hvd.DistributedOptimizer(sgd, named_parameters=[("w", model.weight), ("w", model.bias)])
+    with pytest.raises(ValueError, match="1 of the optimizer's 2 parameters"):
+        hvd.DistributedOptimizer(sgd, named_parameters=[("w", model.weight)])
+    wrapped = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), name="local")
+    with pytest.raises(TypeError, match="already"):
+        hvd.DistributedOptimizer(wrapped)
+    assert wrapped.optimizer is sgd and wrapped.param_groups is sgd.param_groups
+    assert wrapped.rounds == 0 and wrapped.name == "local" and isinstance(wrapped.mode, hvd.Solo)
+    assert wrapped.flush() == []  # nothing was posted: no collective needed
+    wrapped.close()
+
+
+def test_state_dict_round_trip_keeps_the_round_counter():
+    model = torch.nn.Linear(3, 2)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), name="sd")
+    sd = opt.state_dict()
+    assert sd["hvd_partial"]["rounds"] == 0 and sd["hvd_partial"]["flushed"]
+    sd["hvd_partial"]["rounds"] = 41
+    other = hvd.DistributedOptimizer(torch.optim.SGD(torch.nn.Linear(3, 2).parameters(), lr=0.5), name="sd2")
+    other.load_state_dict(sd)
+    assert other.rounds == 41 and other.param_groups[0]["lr"] == 0.1
+    plain = torch.optim.SGD(model.parameters(), lr=0.3)
+    plain.load_state_dict(opt.state_dict())  # a plain optimizer ignores the extra key
+    assert plain.param_groups[0]["lr"] == 0.1
+
+
+def test_collectives_before_init_raise():
+    if hvd_partial.is_initialized():
+        pytest.skip("hvd_partial is initialized in this process")
+    with pytest.raises(hvd.NotInitializedError):
+        hvd.allreduce(torch.ones(2))
+    with pytest.raises(hvd.NotInitializedError):
+        hvd.broadcast_parameters({"w": torch.ones(2)}, root_rank=0)
