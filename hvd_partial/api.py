@@ -31,7 +31,7 @@ from .core.round_result import RoundResult
 from .engine.engine import Engine
 from .engine.handle import Handle
 from .errors import ConfigError, MismatchError, NotInitializedError, StreamConflictError, UnsupportedInputError
-from .modes import Mode, ReduceOp, Solo, Average
+from .modes import Mode, ReduceOp, Average
 
 log = logging.getLogger("hvd_partial")
 

@@ -33,7 +33,7 @@ import torch
 import hvd_partial as _core
 from ..core.round_result import RoundResult
 from ..errors import ConfigError, HvdPartialError, MismatchError, UnsupportedInputError
-from ..modes import Mode, ReduceOp, Solo
+from ..modes import Mode, ReduceOp
 from .compression import Compression
 from .tensors import HostStaging, wire_dtype
 

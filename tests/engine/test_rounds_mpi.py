@@ -1,6 +1,5 @@
 """Real multi-process runs of the engine under mpiexec."""
 
-import numpy as np
 import pytest
 
 from mpi_run import run_mpi
