@@ -17,6 +17,7 @@ from .engine.handle import Handle
 from .errors import (ConfigError, EngineError, HvdPartialError, MismatchError, NotInitializedError, RankFailedError,
                      StreamConflictError, UnsupportedInputError)
 from .modes import Average, Majority, ReduceOp, Solo, Sum, Sync, mode_from_name
+from .observe.stall import StalledRankError
 
 __version__ = "0.1.0"
 
@@ -26,5 +27,5 @@ __all__ = [
     "flush", "default_mode", "allreduce", "broadcast", "broadcast_object", "allgather_object", "barrier", "stats",
     "Sync", "Solo", "Majority", "Average", "Sum", "ReduceOp", "mode_from_name", "RoundResult", "Handle", "Config",
     "HvdPartialError", "NotInitializedError", "ConfigError", "UnsupportedInputError", "StreamConflictError",
-    "MismatchError", "RankFailedError", "EngineError", "__version__",
+    "MismatchError", "RankFailedError", "StalledRankError", "EngineError", "__version__",
 ]

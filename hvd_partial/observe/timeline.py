@@ -41,6 +41,17 @@ _FLUSH_EVERY_EVENTS = 2000
 _FLUSH_EVERY_SECONDS = 1.0
 
 
+def _j(value) -> str:
+    """A JSON scalar: int, bool or None."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    return str(int(value))
+
+
 def rank_path(filename: str, rank: int) -> str:
     """The file rank ``rank`` writes: ``{rank}`` replaced, or ``.rank<N>`` put
     before the suffix (``t.json`` -> ``t.rank3.json``).
@@ -74,6 +85,7 @@ class Timeline:
         # perf_counter -> microseconds since the epoch: one clock for every rank on a node.
         self._offset_us = (time.time() - time.perf_counter()) * 1e6
         self._pending: list[str] = []
+        self._names: dict[str, str] = {}  # stream -> its JSON string
         self._first = True
         self._next_flush = time.perf_counter() + _FLUSH_EVERY_SECONDS
         self._requested: dict[str, float] = {}  # stream -> when this rank's waiting post was handled
@@ -87,44 +99,55 @@ class Timeline:
         log.debug("rank %d writes its timeline to %s", rank, self.path)
 
     # -- event writers ----------------------------------------------------------
+    # Events are formatted by hand (no json.dumps per event): this runs on the
+    # engine thread for every round, so it must stay a few microseconds.
 
     def _ts(self, perf: float) -> float:
-        return round(perf * 1e6 + self._offset_us, 1)
+        return perf * 1e6 + self._offset_us
 
-    def _emit(self, event: dict) -> None:
-        self._pending.append(json.dumps(event, separators=(",", ":")))
+    def _quoted(self, stream: str) -> str:
+        quoted = self._names.get(stream)
+        if quoted is None:
+            quoted = self._names[stream] = json.dumps(stream)
+        return quoted
+
+    def _emit(self, text: str) -> None:
+        self._pending.append(text)
         if len(self._pending) >= _FLUSH_EVERY_EVENTS:
             self.flush()
 
     def _meta(self, name: str, args: dict, tid: int = 0) -> None:
-        self._emit({"name": name, "ph": "M", "pid": self.rank, "tid": tid, "args": args})
+        self._emit(json.dumps({"name": name, "ph": "M", "pid": self.rank, "tid": tid, "args": args},
+                              separators=(",", ":")))
 
-    def _instant(self, name: str, stream: str, perf: float, tid: int, args: dict) -> None:
-        self._emit({"name": name, "cat": stream, "ph": "i", "s": "t", "ts": self._ts(perf), "pid": self.rank,
-                    "tid": tid, "args": args})
+    def _instant(self, name: str, cat: str, perf: float, tid: int, args: str) -> None:
+        self._emit(f'{{"name":"{name}","cat":{cat},"ph":"i","s":"t","ts":{self._ts(perf):.1f},'
+                   f'"pid":{self.rank},"tid":{tid},"args":{args}}}')
 
-    def _span(self, name: str, stream: str, begin: float, end: float, tid: int, args: dict) -> None:
-        self._emit({"name": name, "cat": stream, "ph": "X", "ts": self._ts(begin),
-                    "dur": round(max(end - begin, 0.0) * 1e6, 1), "pid": self.rank, "tid": tid, "args": args})
+    def _span(self, name: str, cat: str, begin: float, end: float, tid: int, args: str) -> None:
+        dur = (end - begin) * 1e6 if end > begin else 0.0
+        self._emit(f'{{"name":"{name}","cat":{cat},"ph":"X","ts":{self._ts(begin):.1f},"dur":{dur:.1f},'
+                   f'"pid":{self.rank},"tid":{tid},"args":{args}}}')
 
     # -- engine hooks -------------------------------------------------------------
 
     def post(self, stream: str, posted_at: float) -> None:
         """A post of ``stream`` was submitted at ``posted_at`` (perf_counter)."""
-        self._instant("post", stream, posted_at, COMPUTE_TID, {"stream": stream})
+        cat = self._quoted(stream)
+        self._instant("post", cat, posted_at, COMPUTE_TID, f'{{"stream":{cat}}}')
         self._requested[stream] = time.perf_counter()
 
     def launched(self, stream: str, launch) -> None:
         """A round of ``stream`` starts on this rank (engine ``_launch``)."""
         now = time.perf_counter()
         facts = launch.facts
-        args = {"stream": stream, "round": launch.round,
-                "initiator": facts.initiator if facts is not None else None}
+        cat = self._quoted(stream)
+        args = f'{{"stream":{cat},"round":{_j(launch.round)},"initiator":{_j(facts.initiator if facts else None)}}}'
         requested = self._requested.pop(stream, None)
         if requested is not None:
-            self._span("activation", stream, requested, now, ENGINE_TID, args)
+            self._span("activation", cat, requested, now, ENGINE_TID, args)
         else:
-            self._instant("activation", stream, now, ENGINE_TID, args)
+            self._instant("activation", cat, now, ENGINE_TID, args)
         self._launched.setdefault(stream, deque()).append(now)
 
     def reduced(self, stream: str, launch, result) -> None:
@@ -133,22 +156,30 @@ class Timeline:
         queue = self._launched.get(stream)
         begin = queue.popleft() if queue else now
         facts = launch.facts
-        args = {"stream": stream, "round": launch.round}
+        cat = self._quoted(stream)
+        send = launch.send
+        if send is not None and getattr(launch, "with_facts", False):
+            send = send[:-1]  # the last buffer carries the round's facts, not data
+        nbytes = sum(b.nbytes for b in send) if send is not None else 0
         if facts is not None:
-            args.update(initiator=facts.initiator, contributors=list(result.contributors),
-                        max_staleness=max(result.staleness.values(), default=0), flush=facts.flush)
+            contributors = "[" + ",".join(map(str, result.contributors)) + "]"
+            stale = max(result.staleness.values(), default=0)
+            args = (f'{{"stream":{cat},"round":{_j(launch.round)},"initiator":{_j(facts.initiator)},'
+                    f'"contributors":{contributors},"max_staleness":{stale},"flush":{_j(facts.flush)},'
+                    f'"bytes":{nbytes}}}')
         else:
-            args.update(initiator=None, contributors="all", max_staleness=0, flush=False)
-        args["bytes"] = sum(b.nbytes for b in launch.send) if launch.send is not None else 0
-        self._span("reduction", stream, begin, now, ENGINE_TID, args)
+            args = (f'{{"stream":{cat},"round":{_j(launch.round)},"initiator":null,"contributors":"all",'
+                    f'"max_staleness":0,"flush":false,"bytes":{nbytes}}}')
+        self._span("reduction", cat, begin, now, ENGINE_TID, args)
 
     def finished(self, stream: str, kind: str, handle, rounds: list[int]) -> None:
         """A post or flush of ``stream`` completed with ``rounds`` taken."""
         end = handle.finished_at or time.perf_counter()
         self._requested.pop(stream, None)
-        args = {"stream": stream, "rounds": rounds}
-        self._instant("take", stream, end, ENGINE_TID, args)
-        self._span("wait" if kind == "post" else "flush", stream, handle.posted_at, end, COMPUTE_TID, args)
+        cat = self._quoted(stream)
+        args = f'{{"stream":{cat},"rounds":[{",".join(map(str, rounds))}]}}'
+        self._instant("take", cat, end, ENGINE_TID, args)
+        self._span("wait" if kind == "post" else "flush", cat, handle.posted_at, end, COMPUTE_TID, args)
 
     def tick(self, now: float) -> None:
         if now >= self._next_flush:
