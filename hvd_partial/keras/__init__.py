@@ -15,10 +15,9 @@ Example::
                          hvd.callbacks.MetricAverageCallback()])
 """
 
-from .backend import KerasBackendError, require_tensorflow_backend
+from .backend import KerasBackendError
 
-require_tensorflow_backend()
-
+# Each module below checks the Keras backend when it is imported.
 from .. import (Average, ConfigError, EngineError, HvdPartialError, Majority, MismatchError,  # noqa: E402
                 NotInitializedError, RankFailedError, Solo, StreamConflictError, Sum, Sync, UnsupportedInputError,
                 barrier, config, init, is_initialized, local_rank, local_size, rank, shutdown, size, stats)

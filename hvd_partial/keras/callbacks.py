@@ -26,6 +26,7 @@ from .backend import require_tensorflow_backend
 require_tensorflow_backend()
 
 import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 import hvd_partial as _core  # noqa: E402
 from ..errors import ConfigError  # noqa: E402
@@ -33,6 +34,8 @@ from ..tensorflow.functions import broadcast_variables  # noqa: E402
 from .optimizer import DistributedOptimizer  # noqa: E402
 
 log = logging.getLogger("hvd_partial.keras")
+
+_TRANSLATES = "_hvd_partial_translates_errors"
 
 
 def _distributed_optimizer(model, who: str, required: bool = True):
@@ -48,8 +51,11 @@ def _distributed_optimizer(model, who: str, required: bool = True):
 class FlushCallback(keras.callbacks.Callback):
     """Flush the model's ``DistributedOptimizer`` before validation and at the
     end of every epoch, so evaluation, later callbacks and checkpoints see
-    identical weights on every rank. ``model.fit`` adds it by itself (first in
-    the list); add it explicitly only to control its position.
+    identical weights on every rank. At the start of training it checks that
+    every rank has the same model (``verify_across_ranks``), and makes errors
+    of the compiled train step's post come out of ``fit`` as the hvd_partial
+    exceptions they are (not TensorFlow ``OpError`` exceptions). ``model.fit`` adds
+    it by itself (first in the list); add it explicitly only to control its position.
 
     Example::
 
@@ -76,7 +82,37 @@ class FlushCallback(keras.callbacks.Callback):
         self._training = True
         optimizer = self._optimizer()
         if optimizer is not None:
+            # Every rank is in fit here: a safe place for a collective check that
+            # turns a mismatched model into MismatchError before the first post.
+            optimizer.verify_across_ranks(self.model.trainable_variables)
             optimizer._fit_flushes_epochs = True
+            if getattr(self.model, "jit_compile", False):
+                # XLA cannot compile the post (a tf.numpy_function). fit looks
+                # train_function up at every step, so a rebuilt one takes over.
+                log.warning("rank %d: the model was compiled with jit_compile=True (the default on GPUs); the "
+                            "partial allreduce cannot run under XLA, so the train step runs without it",
+                            _core.rank())
+                self.model.jit_compile = False
+                self.model.make_train_function(force=True)
+            self._raise_our_errors(optimizer)
+
+    def _raise_our_errors(self, optimizer) -> None:
+        # TensorFlow turns an exception in the compiled step's post into an
+        # OpError; fit looks train_function up at every step, so a thin wrapper
+        # can raise the hvd_partial error (MismatchError, RankFailedError) instead.
+        train_function = self.model.train_function
+        if train_function is None or getattr(train_function, _TRANSLATES, False):
+            return
+        exchange = optimizer._exchange
+
+        def translating(*args, **kwargs):
+            try:
+                return train_function(*args, **kwargs)
+            except tf.errors.OpError as err:
+                exchange.reraise(err)
+
+        setattr(translating, _TRANSLATES, True)
+        self.model.train_function = translating
 
     def on_epoch_begin(self, epoch, logs=None):
         self._dirty = True

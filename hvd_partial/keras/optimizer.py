@@ -32,7 +32,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvd_partial as _core  # noqa: E402
-from ..errors import ConfigError, UnsupportedInputError  # noqa: E402
+from ..errors import ConfigError, MismatchError, UnsupportedInputError  # noqa: E402
 from ..modes import Majority, Mode, ReduceOp, Solo, Sync  # noqa: E402
 from ..tensorflow.compression import Compression, Compressor  # noqa: E402
 from ..tensorflow.exchange import GradientExchange, _graph_builder, rank_label  # noqa: E402
@@ -72,7 +72,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     - ``optimizer``: any Keras 3 optimizer (SGD, Adam, AdamW, RMSprop, ...);
       reachable as ``.inner_optimizer``.
-    - ``mode``: ``Solo()`` (default), ``Majority(seed, quorum)`` or ``Sync()``
+    - ``mode``: ``Solo()``, ``Majority(seed, quorum)`` or ``Sync()``; default ``hvd.default_mode()`` (``HVD_PARTIAL_MODE``, solo unless set)
       (Horovod's semantics exactly: one round per step, every rank's fresh gradient).
     - ``op``: ``Average`` (sum / world size) or ``Sum``.
     - ``compression``: ``Compression.none`` or ``Compression.fp16``.
@@ -114,7 +114,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 f"DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers.*), got "
                 f"{type(optimizer).__module__}.{type(optimizer).__name__}; for tf.keras 2 / tf_keras optimizers "
                 "use hvd_partial.tensorflow.DistributedGradientTape")
-        mode = Solo() if mode is None else mode
+        mode = _core.default_mode() if mode is None else mode
         if not isinstance(mode, Mode):
             raise TypeError(f"mode must be hvd_partial.Sync(), Solo() or Majority(...), got {mode!r}")
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and mode.kind != "sync":
@@ -133,7 +133,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                                           sparse_as_dense, owner=f"DistributedOptimizer({self.name!r})")
         self._lr_fn = None
         self._lr_until = None
-        self._model_variables = None
+        self._model_variables = None  # what the optimizer was built with
+        self._post_variables = None  # what the posts' gradients belong to (flush applies to these)
         # Set by the epoch-flush callback while model.fit runs (see fit_hooks).
         self._fit_flushes_epochs = False
         fit_hooks.install()
@@ -261,8 +262,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if not self.built:
             with keras.name_scope(self.name, caller=self):
                 self.build(variables)
-        if self._model_variables is None or len(variables) == len(self._model_variables):
-            self._model_variables = variables
+        self._post_variables = variables
         if tf.executing_eagerly():
             try:
                 self._post_and_apply(grads, variables)
@@ -277,20 +277,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             return
         dense = [None if g is None else self._densify(g, v) for g, v in zip(grads, variables)]
         self._exchange.make_plan(dense, variables)  # checks the gradients before any state changes
-        index = {id(v): i for i, v in enumerate(self._model_variables)}
-        accumulators = []
-        for grad, var in zip(dense, variables):
-            if grad is None:
-                accumulators.append(None)
-                continue
-            position = index.get(id(var))
-            if position is None:
-                raise UnsupportedInputError(
-                    f"rank {rank_label()}: variable {getattr(var, 'path', var)!r} was not among the variables "
-                    "the DistributedOptimizer was built with")
-            accumulator = self._accumulators[position]
-            accumulator.assign_add(grad)
-            accumulators.append(accumulator)
+        accumulators = self._accumulators_for(variables, [g is not None for g in dense])
+        for grad, accumulator in zip(dense, accumulators):
+            if accumulator is not None:
+                accumulator.assign_add(grad)
         passes = self._passes.assign_add(1)
 
         def post():
@@ -298,6 +288,18 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             return tf.constant(True)
 
         tf.cond(passes >= self.backward_passes_per_step, post, lambda: tf.constant(False))
+
+    def _accumulators_for(self, variables, active) -> list:
+        index = {id(v): i for i, v in enumerate(self._model_variables)}
+        out = []
+        for var, used in zip(variables, active):
+            position = index.get(id(var))
+            if used and position is None:
+                raise UnsupportedInputError(
+                    f"rank {rank_label()}: variable {getattr(var, 'path', var)!r} was not among the variables "
+                    "the DistributedOptimizer was built with")
+            out.append(self._accumulators[position] if used else None)
+        return out
 
     def _post_accumulated(self, accumulators, variables):
         scale = 1.0 / self.backward_passes_per_step if self.average_aggregated_gradients else None
@@ -334,6 +336,40 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             inner.learning_rate = tf.where(step <= float(self._lr_until), wanted, current)
         inner.apply(grads, variables)
 
+    def verify_across_ranks(self, variables=None) -> None:
+        """Collective (every rank, eagerly): check that every rank wraps the same
+        settings and variables of the same shapes and dtypes, and raise
+        ``MismatchError`` on every rank naming the first difference. ``model.fit``
+        runs it at the start of training (before the first post).
+
+        Example::
+
+            opt.build(model.trainable_variables)
+            opt.verify_across_ranks()
+        """
+        variables = list(variables if variables is not None else (self._model_variables or []))
+        settings = (mode_to_config(self.mode), self.op.value, self.compression.name, self.max_staleness,
+                    self.sparse_as_dense, self.backward_passes_per_step, self.average_aggregated_gradients)
+        mine = (self.stream_name, settings, [(tuple(v.shape), str(v.dtype)) for v in variables])
+        everyone = _core.allgather_object(mine)
+        me = _core.rank()
+        for other, theirs in enumerate(everyone):
+            if theirs == mine:
+                continue
+            if theirs[0] != mine[0]:
+                problem = f"optimizer stream {mine[0]!r} here, {theirs[0]!r} on rank {other}"
+            elif theirs[1] != mine[1]:
+                problem = f"settings {mine[1]} here, {theirs[1]} on rank {other}"
+            elif len(theirs[2]) != len(mine[2]):
+                problem = f"{len(mine[2])} trainable variables here, {len(theirs[2])} on rank {other}"
+            else:
+                i = next(i for i, (a, b) in enumerate(zip(mine[2], theirs[2])) if a != b)
+                path = getattr(variables[i], "path", f"#{i}")
+                problem = (f"trainable variable #{i} ({path!r} here) has shape/dtype {mine[2][i]} here and "
+                           f"{theirs[2][i]} on rank {other}")
+            raise MismatchError(f"rank {me}: DistributedOptimizer {self.name!r} differs across ranks: {problem}; "
+                                "every rank must build the same model and optimizer")
+
     # -- flushing --------------------------------------------------------------------
 
     def flush(self) -> int:
@@ -346,15 +382,15 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
             opt.flush()          # custom loop: before evaluation or a checkpoint
         """
-        if self._model_variables is None:
-            return 0
-        variables = self._model_variables
+        if self._post_variables is None:
+            return 0  # nothing was ever posted from here
+        variables = self._post_variables
         try:
             applied = 0
             if self.backward_passes_per_step > 1 and int(self._passes.numpy()) > 0:
                 # Gradients of the last incomplete group of passes are not lost.
                 active = {s.index for s in self._exchange.plan.slots}
-                accumulators = [a if i in active else None for i, a in enumerate(self._accumulators)]
+                accumulators = self._accumulators_for(variables, [i in active for i in range(len(variables))])
                 before = self._exchange.updates
                 self._post_accumulated(accumulators, variables)
                 applied += self._exchange.updates - before

@@ -27,7 +27,7 @@ import tensorflow as tf
 
 import hvd_partial as _core
 from ..errors import ConfigError, HvdPartialError, StreamConflictError, UnsupportedInputError
-from ..modes import Mode, ReduceOp, Solo
+from ..modes import Mode, ReduceOp
 from .compression import Compression, Compressor
 
 log = logging.getLogger("hvd_partial.tensorflow")
@@ -117,6 +117,8 @@ class GradientPlan:
                 if isinstance(grad, tf.IndexedSlices):
                     grad = tf.convert_to_tensor(grad)
                 wire, _ = compression.compress(grad)
+                if wire.dtype != slot.wire:
+                    wire = tf.cast(wire, slot.wire)
                 parts.append(tf.reshape(wire, [-1]))
             flats.append(parts[0] if len(parts) == 1 else tf.concat(parts, axis=0))
         return flats
@@ -229,7 +231,7 @@ class GradientExchange:
     def __init__(self, name: str, mode: Mode | None = None, op: ReduceOp = _core.Average,
                  compression: Compressor = Compression.none, max_staleness: int | None = None,
                  sparse_as_dense: bool = False, owner: str = "gradients"):
-        mode = Solo() if mode is None else mode
+        mode = _core.default_mode() if mode is None else mode
         if not isinstance(name, str) or not name:
             raise TypeError(f"stream name must be a non-empty str, got {name!r}")
         if not isinstance(mode, Mode):
@@ -292,6 +294,8 @@ class GradientExchange:
                     f"rank {rank_label()}: the gradient of {source_name(source)!r} has dtype {dtype.name}; "
                     "only floating-point gradients are reduced")
             wire = self.compression.wire_dtype(dtype)
+            if wire not in (tf.float16, tf.float32, tf.float64):
+                wire = tf.float32  # bfloat16 has no numpy dtype the engine reduces
             slots.append(Slot(i, tuple(shape.as_list()), dtype.name, wire.name, sparse))
         if not slots:
             raise UnsupportedInputError(
@@ -394,7 +398,7 @@ def exchange_for(name: str, mode, op, compression, max_staleness, sparse_as_dens
             found = _exchanges[name] = GradientExchange(name, mode, op, compression, max_staleness,
                                                         sparse_as_dense, owner)
             return found
-    wanted = (Solo() if mode is None else mode, op, compression.name, max_staleness, bool(sparse_as_dense))
+    wanted = (_core.default_mode() if mode is None else mode, op, compression.name, max_staleness, bool(sparse_as_dense))
     if found.settings != wanted:
         raise StreamConflictError(
             f"rank {rank_label()}: stream {name!r} is already used with mode/op/compression/max_staleness/"
