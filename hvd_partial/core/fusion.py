@@ -66,17 +66,19 @@ class Layout:
     def empty(self) -> list[np.ndarray]:
         return [np.empty(n, dtype=dtype) for n, dtype in self.buffer_specs()]
 
-    def pack(self, arrays) -> tuple[list[np.ndarray], bool]:
-        """Flat buffers holding ``arrays``; the flag says whether they are copies."""
+    def pack(self, arrays) -> tuple[list[np.ndarray], list[bool]]:
+        """Flat buffers holding ``arrays``, and for each whether it is a copy
+        (a dtype with several arrays is concatenated; a lone array is a view)."""
         if len(arrays) == 1:
-            return [arrays[0].reshape(-1)], False
-        out = []
-        for dtype, idx in self.groups:
+            return [arrays[0].reshape(-1)], [False]
+        out, owned = [], []
+        for _, idx in self.groups:
             if len(idx) == 1:
                 out.append(arrays[idx[0]].reshape(-1))
             else:
                 out.append(np.concatenate([arrays[i].reshape(-1) for i in idx]))
-        return out, all(len(idx) > 1 for _, idx in self.groups)
+            owned.append(len(idx) > 1)
+        return out, owned
 
     def unpack(self, buffers) -> list[np.ndarray]:
         """Views of ``buffers`` shaped like the stream's arrays."""

@@ -22,7 +22,7 @@ class PendingPost:
     seq: int
     buffers: list
     computed_for: int
-    owned: bool  # False while the buffers are the caller's arrays
+    owned: list  # per buffer: False while it is (a view of) the caller's array
 
 
 @dataclass
@@ -99,6 +99,8 @@ class RankStream:
         coordinator (or None), a sync round to launch (or None), and whether
         ``waiter`` is already satisfied."""
         self.check_idle()
+        if isinstance(owned, bool):
+            owned = [owned] * len(buffers)
         self.seq += 1
         waiter.seq = self.seq
         computed_for = self.taken
@@ -208,9 +210,9 @@ class RankStream:
         # The caller may reuse its arrays once synchronize returns: copy what
         # is still waiting for a round.
         for item in self.pending:
-            if not item.owned:
-                item.buffers = [np.array(b, copy=True) for b in item.buffers]
-                item.owned = True
+            if not all(item.owned):
+                item.buffers = [b if mine else np.array(b, copy=True) for b, mine in zip(item.buffers, item.owned)]
+                item.owned = [True] * len(item.buffers)
 
     def _combine(self, items: list[PendingPost]) -> list:
         if not items:
@@ -219,7 +221,7 @@ class RankStream:
             return self._zeros
         if len(items) == 1:
             return items[0].buffers
-        total = [np.array(b, copy=True) if not items[0].owned else b for b in items[0].buffers]
+        total = [b if mine else np.array(b, copy=True) for b, mine in zip(items[0].buffers, items[0].owned)]
         for item in items[1:]:
             for acc, b in zip(total, item.buffers):
                 np.add(acc, b, out=acc)

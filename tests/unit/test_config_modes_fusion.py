@@ -62,12 +62,14 @@ def test_layout_packs_by_dtype_and_unpacks_views():
     buffers, owned = layout.pack(arrays)
     assert [b.dtype.name for b in buffers] == ["float32", "float64"]
     assert [b.size for b in buffers] == [10, 3]
+    assert owned == [True, False]  # float32 concatenated (a copy), the lone float64 a view
+    assert np.shares_memory(buffers[1], arrays[1])
     back = layout.unpack(buffers)
     for a, b in zip(arrays, back):
         assert np.array_equal(a, b) and a.shape == b.shape
         assert b.base is not None  # a view, not a copy
     single, owned_single = Layout.of(arrays[:1]).pack(arrays[:1])
-    assert not owned_single and np.shares_memory(single[0], arrays[0])
+    assert owned_single == [False] and np.shares_memory(single[0], arrays[0])
 
 
 def test_buffer_pool_reuses_only_released_buffers():

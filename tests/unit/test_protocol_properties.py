@@ -225,3 +225,27 @@ def test_quorum_holds_round_until_k_ranks_have_data():
     world.run_communication()
     assert world.coordinator.streams[0].started == 2
     assert len(world.results(designated)[-1].contributors) == 3
+
+
+def test_pending_data_is_owned_once_the_post_returns():
+    """The caller may reuse its arrays after synchronize; data still pending
+    must not change with them (views are copied, concatenations are not)."""
+    mine = [np.ones(3, np.float32), np.ones(2, np.float32), np.ones(4, np.float64)]
+    layout = Layout.of(mine)
+    world = LoopbackWorld(2, Solo(), Sum, 4, layout)
+    for j in range(2):
+        world.post(j, [a.copy() for a in mine])
+    world.run_communication()
+    world.post(0, [a.copy() for a in mine])
+    world.run_communication()  # round 1: rank 0 only
+    late = [a.copy() for a in mine]
+    world.post(1, late)  # takes round 1 at once; its data stays pending
+    assert world.idle(1) and world.ranks[1].stream.pending
+    for a in late:
+        a[:] = 999  # the caller reuses its arrays
+    for j in range(2):
+        world.flush(j)
+    world.run_communication()
+    flush_round = world.results(0)[-1]
+    assert flush_round.flush and flush_round.contributors == [1]
+    assert all(np.array_equal(b, np.ones_like(b)) for b in flush_round.buffers)
