@@ -192,7 +192,9 @@ class Coordinator:
             if state.in_flight:
                 return []
             return self._start_round(state, initiator=None, flush=True)
-        if state.kind == "sync" or state.in_flight:
+        # The next round may start while rank 0 still completes the previous
+        # one (a rank that already took it asks for more): never two ahead.
+        if state.kind == "sync" or state.started - state.completed > 1:
             return []
         initiator = self._ready(state, trigger)
         if initiator is None:
@@ -205,9 +207,18 @@ class Coordinator:
         tau = state.signature.max_staleness
         views = state.views
         training = [j for j, v in enumerate(views) if not v.flushing]
+        if state.in_flight:
+            # Until round r-1's facts come back, a post reported since it started
+            # may or may not be in it; only a post made after taking round r-1
+            # is surely still pending. Deciding on those alone keeps every rule exact.
+            def pending(v: RankView) -> bool:
+                return any(computed_for >= r for _, computed_for in v.pending_posts)
+        else:
+            def pending(v: RankView) -> bool:
+                return v.pending
         for j in training:
             v = views[j]
-            if not (v.taken >= r - tau + 1 or v.pending):
+            if not (v.taken >= r - tau + 1 or pending(v)):
                 return None
         if state.kind == "solo":
             needers = [j for j in training if views[j].waiting and views[j].taken >= r]
@@ -218,9 +229,9 @@ class Coordinator:
             _, seed, quorum = state.signature.mode
             designated = designated_initiator(seed, state.name, r, self.world_size)
             dv = views[designated]
-            if not (dv.pending or dv.flushing):
+            if not (pending(dv) or dv.flushing):
                 return None
-            holders = sum(1 for v in views if v.pending)
+            holders = sum(1 for v in views if pending(v))
             if holders == 0:
                 return None
             if quorum is not None and holders < min(quorum, len(training)):
