@@ -21,7 +21,10 @@ def steps_for(seconds, rank, slow_rank, slow, fast, name, mode):
     end = time.monotonic() + seconds
     n = 0
     grad = np.full(1024, float(rank + 1), np.float32)
-    while time.monotonic() < end:
+    # A sync post waits for every rank's: all must post equally often, so a
+    # sync run counts steps instead of watching its own clock.
+    sync_steps = int(seconds / slow) if mode.kind == "sync" else None
+    while (n < sync_steps) if sync_steps is not None else (time.monotonic() < end):
         time.sleep(slow if rank == slow_rank else fast)
         hvd.partial_allreduce(grad, name, mode=mode)
         n += 1
