@@ -400,6 +400,7 @@ def plots(val: list[dict], proj: list[dict], args) -> list[str]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     made = []
     colors = {"sync": "tab:gray", "solo": "tab:blue", "majority": "tab:orange", "majority_q": "tab:green"}
@@ -418,6 +419,9 @@ def plots(val: list[dict], proj: list[dict], args) -> list[str]:
                             alpha=0.08, label="±15%")
             ax.set_xscale("log")
             ax.set_yscale("log")
+            for axis in (ax.xaxis, ax.yaxis):
+                axis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+                axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.set_xlabel(f"measured {label} (experiment 1)")
             ax.set_ylabel(f"simulated {label}")
             ax.grid(alpha=0.3)
@@ -487,10 +491,17 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--out", default="paper_scale")
+    parser.add_argument("--replot", action="store_true", help="only redraw the plots from results/<out>.json")
     args = parser.parse_args(argv)
     if args.calibrate_worker:
         out, iters, gap, host_bytes = args.calibrate_worker
         calibrate_worker(out, int(iters), float(gap), int(host_bytes))
+        return
+    if args.replot:
+        with open(os.path.join(RESULTS, args.out + ".json")) as fh:
+            saved = json.load(fh)
+        for path in plots(saved["validation"], saved["projection"], argparse.Namespace(**{**saved["args"], "out": args.out})):
+            print("wrote", os.path.relpath(path, ROOT))
         return
     if args.quick:
         args.iters, args.proj_sizes, args.proj_steps = 5, "8,64", 10
