@@ -98,7 +98,6 @@ def sequence_data(n: int, seed: int, vocab: int = 10, classes: int = 6, p_signal
 
 
 def lstm_model(vocab: int = 10, classes: int = 6, hidden: int = 32):
-    import torch
     import torch.nn as nn
 
     class LSTMClassifier(nn.Module):

@@ -282,7 +282,10 @@ class ClusterSimulator:
                 self._schedule_idle()
         if any(not self.world.idle(j) for j in range(self.P)):  # pragma: no cover - a protocol bug
             raise RuntimeError("simulation ended with ranks still waiting")
-        return self._result()
+        result = self._result()
+        log.debug("simulated %d ranks, %s: %d rounds in %.3f s of simulated time (%d events)",
+                  self.P, self.mode, result.rounds, result.seconds, self.events)
+        return result
 
     def _communicate(self, queue: _TimedDeque):
         queue.scheduled = False
