@@ -10,7 +10,7 @@ Example::
 
 from .api import (allgather_object, allreduce, barrier, broadcast, broadcast_object, config, default_mode, flush,
                   grouped_partial_allreduce_async, init, is_initialized, local_rank, local_size, partial_allreduce,
-                  partial_allreduce_async, poll, rank, shutdown, size, stats, synchronize)
+                  partial_allreduce_async, poll, rank, shutdown, size, stats, stream_options, synchronize)
 from .config import Config
 from .core.round_result import RoundResult
 from .engine.handle import Handle
@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "config",
     "partial_allreduce_async", "grouped_partial_allreduce_async", "partial_allreduce", "poll", "synchronize",
-    "flush", "default_mode", "allreduce", "broadcast", "broadcast_object", "allgather_object", "barrier", "stats",
+    "flush", "default_mode", "stream_options", "allreduce", "broadcast", "broadcast_object", "allgather_object", "barrier", "stats",
     "Sync", "Solo", "Majority", "Average", "Sum", "ReduceOp", "mode_from_name", "RoundResult", "Handle", "Config",
     "HvdPartialError", "NotInitializedError", "ConfigError", "UnsupportedInputError", "StreamConflictError",
     "MismatchError", "RankFailedError", "StalledRankError", "EngineError", "__version__",

@@ -240,22 +240,31 @@ def default_mode() -> Mode:
     return cfg.default_mode()
 
 
-def _post(engine: Engine, arrays, name, mode, op, max_staleness, grouped: bool) -> Handle:
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"stream name must be a non-empty str, got {name!r}")
-    if mode is None:
-        mode = default_mode()
+def stream_options(mode: Mode | None, op: ReduceOp, max_staleness: int | None) -> Mode:
+    """Check the options every stream takes and resolve ``mode`` (``None``:
+    :func:`default_mode`). Posts check them; framework adapters call this when
+    they are built, so that a bad argument fails there.
+
+    Example::
+
+        mode = hvd.stream_options(None, hvd.Average, 4)  # Solo() unless HVD_PARTIAL_MODE says otherwise
+    """
+    mode = default_mode() if mode is None else mode
     if not isinstance(mode, Mode):
         raise TypeError(f"mode must be hvd_partial.Sync(), Solo() or Majority(...), got {mode!r}")
     if not isinstance(op, ReduceOp):
         raise TypeError(f"op must be hvd_partial.Average or hvd_partial.Sum, got {op!r}")
+    if max_staleness is not None and (not isinstance(max_staleness, int) or max_staleness < 0):
+        raise ConfigError(f"max_staleness must be an int >= 0 or None, got {max_staleness!r}")
+    return mode
+
+
+def _post(engine: Engine, arrays, name, mode, op, max_staleness, grouped: bool) -> Handle:
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"stream name must be a non-empty str, got {name!r}")
+    mode = stream_options(mode, op, max_staleness)
     sync = mode.kind == "sync"
-    if sync:
-        tau = 0
-    else:
-        tau = _config.max_staleness if max_staleness is None else max_staleness
-        if not isinstance(tau, int) or tau < 0:
-            raise ConfigError(f"max_staleness must be an int >= 0, got {max_staleness!r}")
+    tau = 0 if sync else (_config.max_staleness if max_staleness is None else max_staleness)
     if op is ReduceOp.AVERAGE:
         for a in arrays:
             if a.dtype.kind != "f":

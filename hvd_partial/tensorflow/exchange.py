@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvd_partial as _core
-from ..errors import ConfigError, HvdPartialError, StreamConflictError, UnsupportedInputError
+from ..errors import HvdPartialError, StreamConflictError, UnsupportedInputError
 from ..modes import Mode, ReduceOp
 from .compression import Compression, Compressor
 
@@ -231,17 +231,11 @@ class GradientExchange:
     def __init__(self, name: str, mode: Mode | None = None, op: ReduceOp = _core.Average,
                  compression: Compressor = Compression.none, max_staleness: int | None = None,
                  sparse_as_dense: bool = False, owner: str = "gradients"):
-        mode = _core.default_mode() if mode is None else mode
         if not isinstance(name, str) or not name:
             raise TypeError(f"stream name must be a non-empty str, got {name!r}")
-        if not isinstance(mode, Mode):
-            raise TypeError(f"mode must be hvd_partial.Sync(), Solo() or Majority(...), got {mode!r}")
-        if not isinstance(op, ReduceOp):
-            raise TypeError(f"op must be hvd_partial.Average or hvd_partial.Sum, got {op!r}")
+        mode = _core.stream_options(mode, op, max_staleness)
         if not isinstance(compression, Compressor):
             raise TypeError(f"compression must be Compression.none or Compression.fp16, got {compression!r}")
-        if max_staleness is not None and (not isinstance(max_staleness, int) or max_staleness < 0):
-            raise ConfigError(f"max_staleness must be an int >= 0 or None, got {max_staleness!r}")
         self.name = name
         self.mode = mode
         self.op = op

@@ -134,18 +134,12 @@ class DistributedOptimizer:
         if isinstance(optimizer, torch.optim.LBFGS):
             raise UnsupportedInputError("LBFGS re-evaluates its closure inside step(); a partial round cannot be "
                                         "applied that way. Use an optimizer whose step() needs no closure")
-        mode = _core.default_mode() if mode is None else mode
-        if not isinstance(mode, Mode):
-            raise TypeError(f"mode must be hvd_partial.torch.Sync(), Solo() or Majority(...), got {mode!r}")
-        if not isinstance(op, ReduceOp):
-            raise TypeError(f"op must be hvd_partial.torch.Average or Sum, got {op!r}")
+        mode = _core.stream_options(mode, op, max_staleness)
         if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
             raise TypeError(f"compression must be Compression.none, Compression.fp16 or a Compressor, "
                             f"got {compression!r}")
         if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
             raise ConfigError(f"backward_passes_per_step must be an int >= 1, got {backward_passes_per_step!r}")
-        if max_staleness is not None and (not isinstance(max_staleness, int) or max_staleness < 0):
-            raise ConfigError(f"max_staleness must be None or an int >= 0, got {max_staleness!r}")
         if name is not None and (not isinstance(name, str) or not name):
             raise TypeError(f"name must be a non-empty str, got {name!r}")
 
