@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from .config import Config, load_config
+from .core.buffer_pool import BufferPool
 from .core.fusion import Layout, check_array
 from .core.messages import StreamSignature
 from .core.round_result import RoundResult
@@ -40,6 +41,7 @@ _engine: Engine | None = None
 _transport = None
 _config: Config | None = None
 _signatures: dict[str, tuple[StreamSignature, int]] = {}
+_pack_pools: dict[str, BufferPool] = {}  # per stream: fused buffers of grouped posts
 _hooks_installed = False
 _was_shut_down = False
 
@@ -74,6 +76,7 @@ def init(comm=None, **config) -> None:
         engine.start()
         _engine, _transport, _config = engine, transport, cfg
         _signatures.clear()
+        _pack_pools.clear()
         _was_shut_down = False
         _install_hooks()
     log.debug("rank %d/%d initialized", transport.rank, transport.size)
@@ -280,7 +283,10 @@ def _post(engine: Engine, arrays, name, mode, op, max_staleness, grouped: bool) 
             diffs = "; ".join(known[0].differences(signature))
             raise StreamConflictError(f"rank {engine.rank}: stream {name!r} was first posted with other "
                                       f"settings, now: {diffs}")
-    buffers, owned = layout.pack(arrays)
+        pool = _pack_pools.get(name)
+        if pool is None:
+            pool = _pack_pools[name] = BufferPool()
+        buffers, owned = layout.pack(arrays, pool)
     return engine.submit_post(name, buffers, owned, layout, grouped, sync, op, signature)
 
 

@@ -1,10 +1,12 @@
 """Reuse of result buffers that callers have let go of.
 
-Every round's result is a buffer the caller owns. Allocating it fresh each
-round costs a page fault per page (for a large buffer, about as much as the
-reduction itself), so buffers are recycled once nothing outside the pool
-refers to them any more: not the result, not a view of it, not a tensor made
-from it.
+Every round's result is a buffer the caller owns, and posts are staged in
+buffers of their own (fused arrays, copies of data still pending when its
+post returns). Allocating these fresh each round costs a page fault per page
+(for a large buffer, about as much as the reduction itself, and on 2 cores
+it slows the other ranks too), so buffers are recycled once nothing outside
+the pool refers to them any more: not the result, not a view of it, not a
+tensor made from it, not a round still reducing it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import numpy as np
 # References to a pooled array while it is being checked: the pool's list,
 # the loop variable and getrefcount's own argument.
 _POOL_ONLY_REFS = 3
-
 
 class BufferPool:
     """Flat buffers for one stream's results.
@@ -34,9 +35,15 @@ class BufferPool:
         self.allocated = 0
 
     def take(self, specs) -> list[np.ndarray]:
-        return [self._take_one(n, dtype) for n, dtype in specs]
+        return [self.take_one(n, dtype) for n, dtype in specs]
 
-    def _take_one(self, n: int, dtype: str) -> np.ndarray:
+    def copy_of(self, array: np.ndarray) -> np.ndarray:
+        """A pooled flat copy of ``array``."""
+        buf = self.take_one(array.size, array.dtype.name)
+        np.copyto(buf, array.reshape(-1))
+        return buf
+
+    def take_one(self, n: int, dtype: str) -> np.ndarray:
         pooled = self._buffers.setdefault((n, dtype), [])
         for buf in pooled:
             if sys.getrefcount(buf) <= _POOL_ONLY_REFS:

@@ -66,17 +66,20 @@ class Layout:
     def empty(self) -> list[np.ndarray]:
         return [np.empty(n, dtype=dtype) for n, dtype in self.buffer_specs()]
 
-    def pack(self, arrays) -> tuple[list[np.ndarray], list[bool]]:
+    def pack(self, arrays, pool=None) -> tuple[list[np.ndarray], list[bool]]:
         """Flat buffers holding ``arrays``, and for each whether it is a copy
-        (a dtype with several arrays is concatenated; a lone array is a view)."""
+        (a dtype with several arrays is concatenated, into a buffer of
+        ``pool`` when given; a lone array is a view)."""
         if len(arrays) == 1:
             return [arrays[0].reshape(-1)], [False]
         out, owned = [], []
-        for _, idx in self.groups:
+        sizes = self.sizes()
+        for dtype, idx in self.groups:
             if len(idx) == 1:
                 out.append(arrays[idx[0]].reshape(-1))
             else:
-                out.append(np.concatenate([arrays[i].reshape(-1) for i in idx]))
+                into = None if pool is None else pool.take_one(sum(sizes[i] for i in idx), dtype)
+                out.append(np.concatenate([arrays[i].reshape(-1) for i in idx], out=into))
             owned.append(len(idx) > 1)
         return out, owned
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import StreamConflictError
 from ..modes import ReduceOp
+from .buffer_pool import BufferPool
 from .fusion import Layout
 from .messages import Flush, Post, Start
 from .round_result import RoundResult
@@ -83,6 +84,7 @@ class RankStream:
         self.results: deque[RoundResult] = deque()
         self.waiter: Waiter | None = None
         self._zeros: list | None = None
+        self._staging = BufferPool()  # copies of pending data, sums of several posts
         # rank -> last post it summed in the latest completed round (for the coordinator)
         self.last_included: dict[int, int] = {}
 
@@ -211,7 +213,7 @@ class RankStream:
         # is still waiting for a round.
         for item in self.pending:
             if not all(item.owned):
-                item.buffers = [b if mine else np.array(b, copy=True) for b, mine in zip(item.buffers, item.owned)]
+                item.buffers = [b if mine else self._staging.copy_of(b) for b, mine in zip(item.buffers, item.owned)]
                 item.owned = [True] * len(item.buffers)
 
     def _combine(self, items: list[PendingPost]) -> list:
@@ -221,7 +223,7 @@ class RankStream:
             return self._zeros
         if len(items) == 1:
             return items[0].buffers
-        total = [b if mine else np.array(b, copy=True) for b, mine in zip(items[0].buffers, items[0].owned)]
+        total = [b if mine else self._staging.copy_of(b) for b, mine in zip(items[0].buffers, items[0].owned)]
         for item in items[1:]:
             for acc, b in zip(total, item.buffers):
                 np.add(acc, b, out=acc)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 
@@ -96,7 +97,10 @@ class Observer:
     """Attached to an engine by :func:`hvd_partial.observe.attach_observer`."""
 
     def __init__(self, engine, timeline=None):
-        self.engine = engine
+        # A proxy, not a reference: the engine owns its observer, and a cycle
+        # between them would keep every shut-down engine (with its result
+        # buffers) alive until a full garbage collection, which rarely comes.
+        self.engine = weakref.proxy(engine)
         self.config = engine.config
         self.rank = engine.rank
         self.size = engine.size

@@ -30,6 +30,12 @@ def test_sync_equals_plain_mpi_allreduce_bitwise(nprocs):
         assert rep["helper"] == [i * total for i in range(5)]
 
 
+def test_shut_down_engines_are_freed_without_the_garbage_collector():
+    res = run_mpi("engine_cases.py", 2, "no_leak")
+    for rank, rep in res.results.items():
+        assert rep["alive_after_shutdown"] == 0, f"rank {rank}: {rep['alive_after_shutdown']} engines outlived shutdown"
+
+
 def test_grouped_stream_mixed_dtypes():
     nprocs = 3
     res = run_mpi("engine_cases.py", nprocs, "grouped")

@@ -210,6 +210,22 @@ elif case == "many_streams":
     report({"sums": {n: sums[n] for n in names}, "posted": {n: posted[n] for n in names}})
     hvd.shutdown()
 
+elif case == "no_leak":
+    # A shut-down engine, with its result buffers, is freed at once, not
+    # left for a full garbage collection (which may never come).
+    import gc
+    import weakref
+
+    gc.disable()
+    engines = []
+    for cycle in range(3):
+        hvd.init()
+        hvd.partial_allreduce(np.ones(1 << 16, np.float32), "solo", mode=hvd.Solo())
+        hvd.partial_allreduce(np.ones(1 << 16, np.float32), "sync", mode=hvd.Sync())
+        engines.append(weakref.ref(hvd.api._engine))
+        hvd.shutdown()
+    report({"alive_after_shutdown": sum(ref() is not None for ref in engines)})
+
 elif case == "idle_cpu":
     # An idle engine must leave the CPU to the training thread.
     hvd.init()
