@@ -70,7 +70,7 @@ def init(comm=None, **config) -> None:
 
         from .launch.horovod import shared_comm
 
-        transport = MpiTransport(shared_comm(comm))  # Horovod's communicator when Horovod runs
+        transport = MpiTransport(shared_comm(comm), doorbell=cfg.doorbell)  # Horovod's communicator when Horovod runs
         transport.barrier()  # every engine starts its liveness clock together
         engine = Engine(transport, cfg)
         engine.start()

@@ -40,6 +40,10 @@ class Config:
     abort_grace_seconds: float = 2.0
     #: Upper bound of the engine's idle back-off, in milliseconds.
     idle_poll_ms: float = 1.0
+    #: Wake idle engines with a UDP datagram after each urgent control
+    #: message, instead of waiting for their next poll (a hint; MPI carries
+    #: the message). Turn off where UDP between the hosts is unwanted.
+    doorbell: bool = True
     #: Largest fused buffer the framework adapters build, in bytes.
     fusion_threshold_bytes: int = 64 * 1024 * 1024
     #: Level of the ``hvd_partial`` logger (DEBUG, INFO, WARNING, ERROR).

@@ -113,6 +113,9 @@ class Engine:
         # Unlocked means "a wake-up is pending": a bare lock is much cheaper to
         # hand between threads than threading.Event, and every post passes here.
         self._wake = threading.Lock()
+        # Where the transport has doorbells, the idle engine sleeps on its
+        # bell instead: rung by peers after urgent messages, poked by compute threads.
+        self._bell = getattr(transport, "doorbell", None)
         self._streams: dict[str, RankStream] = {}
         self._by_id: dict[int, RankStream] = {}
         self._held: dict[str, Waiter] = {}  # first posts waiting for registration
@@ -160,6 +163,9 @@ class Engine:
         return handle
 
     def _poke(self) -> None:
+        if self._bell is not None:
+            self._bell.poke()
+            return
         try:
             self._wake.release()
         except RuntimeError:  # already unlocked: a wake-up is pending anyway
@@ -235,7 +241,7 @@ class Engine:
     def _run(self) -> None:
         idle = 0
         poll_max = self.config.idle_poll_ms / 1000.0
-        if self.coordinator is not None:
+        if self.coordinator is not None and self._bell is None:
             poll_max /= 4  # other ranks' activations pass through here
         try:
             while not self._stopped.is_set():
@@ -256,8 +262,13 @@ class Engine:
                         os.sched_yield()
                     else:
                         time.sleep(1e-4)
+                elif self._bell is not None:
+                    # Nothing in flight: sleep, but wake at once on a new command
+                    # or a peer's urgent message, then poll closely again. The
+                    # bell makes a fast back-off safe (and cheap on the CPU).
+                    if not self._commands and self._bell.wait(min(poll_max, 2e-5 * (1 << min(idle, 20)))):
+                        idle = 0
                 else:
-                    # Nothing in flight: back off, but wake at once on a new command.
                     self._wake.acquire(blocking=False)  # consume a pending wake-up
                     if not self._commands:
                         self._wake.acquire(timeout=min(poll_max, 2e-5 * idle))

@@ -16,6 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import EngineError
+from .doorbell import Doorbell
 
 log = logging.getLogger("hvd_partial.transport")
 
@@ -23,6 +24,8 @@ TAG_TO_COORDINATOR = 11
 TAG_FROM_COORDINATOR = 12
 TAG_HEARTBEAT = 13
 TAG_FAILURE = 14
+# Messages an idle engine must act on at once: its doorbell is rung after them.
+_URGENT_TAGS = frozenset({TAG_TO_COORDINATOR, TAG_FROM_COORDINATOR, TAG_FAILURE})
 
 
 def thread_level_name(level: int) -> str:
@@ -34,7 +37,7 @@ def thread_level_name(level: int) -> str:
 class MpiTransport:
     """Point-to-point control messages and nonblocking collectives over MPI."""
 
-    def __init__(self, comm=None):
+    def __init__(self, comm=None, doorbell: bool = True):
         comm = MPI.COMM_WORLD if comm is None else comm
         level = MPI.Query_thread()
         if level < MPI.THREAD_SERIALIZED:
@@ -56,6 +59,8 @@ class MpiTransport:
         self.local_rank = node.Get_rank()
         self.local_size = node.Get_size()
         node.Free()
+        self.doorbell = Doorbell.open(self.control.allgather, MPI.Get_processor_name(), self.rank) \
+            if doorbell and self.size > 1 else None
         self._sends: list = []
         self._status = MPI.Status()
 
@@ -68,6 +73,8 @@ class MpiTransport:
 
     def send(self, dest: int, tag: int, message) -> None:
         self._sends.append(self.control.isend(message, dest=dest, tag=tag))
+        if self.doorbell is not None and tag in _URGENT_TAGS:
+            self.doorbell.ring(dest)
 
     def receive(self) -> list[tuple[int, int, object]]:
         """Every control message that has arrived: (source, tag, message)."""
@@ -138,6 +145,8 @@ class MpiTransport:
     # -- teardown ------------------------------------------------------------------
 
     def free(self):
+        if self.doorbell is not None:
+            self.doorbell.close()
         for comm in (self.control, self.helpers, self.factory):
             try:
                 comm.Free()

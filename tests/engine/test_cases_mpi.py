@@ -36,6 +36,24 @@ def test_shut_down_engines_are_freed_without_the_garbage_collector():
         assert rep["alive_after_shutdown"] == 0, f"rank {rank}: {rep['alive_after_shutdown']} engines outlived shutdown"
 
 
+def test_doorbells_wake_idle_engines_at_once():
+    """Idle engines with doorbells sleep idle_poll_ms (300 ms here) at a time;
+    a solo round started by one rank needs every engine, so it completes in a
+    few ms only if the others' doorbells woke them. Without doorbells the same
+    protocol still runs, on polling alone."""
+    import statistics
+
+    on = run_mpi("engine_cases.py", 3, "doorbell", 300)
+    off = run_mpi("engine_cases.py", 3, "doorbell", 300, env={"HVD_PARTIAL_DOORBELL": "0"})
+    for rank, rep in on.results.items():
+        assert rep["bell"] and rep["reachable"] == 2, f"rank {rank}: {rep}"
+    for rep in off.results.values():
+        assert not rep["bell"]
+    fast = statistics.median(on.results[1]["waits"])
+    assert fast < 0.06, f"with doorbells a post waited {fast * 1e3:.1f} ms (median)"
+    assert on.results[0]["flushed_round"] == off.results[0]["flushed_round"]
+
+
 def test_grouped_stream_mixed_dtypes():
     nprocs = 3
     res = run_mpi("engine_cases.py", nprocs, "grouped")

@@ -226,6 +226,31 @@ elif case == "no_leak":
         hvd.shutdown()
     report({"alive_after_shutdown": sum(ref() is not None for ref in engines)})
 
+elif case == "doorbell":
+    # Only rank 1 posts to a solo stream; the other engines are idle, polling
+    # every idle_poll_ms (long here). Each round needs every engine, so a post
+    # waits for the others' next poll unless their doorbells wake them.
+    hvd.init(idle_poll_ms=float(sys.argv[2]))
+    rank = hvd.rank()
+    engine = hvd.api._engine
+    waits = []
+    if rank == 1:
+        hvd.partial_allreduce(np.ones(4), "bell", mode=hvd.Solo())  # registration
+        for _ in range(5):  # within max_staleness: the others take no rounds meanwhile
+            time.sleep(0.8)  # the other engines back off to sleeping idle_poll_ms at a time
+            started = time.perf_counter()
+            hvd.partial_allreduce(np.ones(4), "bell", mode=hvd.Solo())
+            waits.append(time.perf_counter() - started)
+    else:
+        hvd.partial_allreduce(np.ones(4), "bell", mode=hvd.Solo())
+        time.sleep(6.0)  # outside any call: the engine is idle (a barrier would keep it polling)
+    hvd.barrier()
+    results = hvd.flush("bell")
+    report({"waits": waits, "bell": engine._bell is not None,
+            "reachable": engine._bell.reachable if engine._bell is not None else 0,
+            "flushed_round": results[-1].round})
+    hvd.shutdown()
+
 elif case == "idle_cpu":
     # An idle engine must leave the CPU to the training thread.
     hvd.init()

@@ -1,0 +1,56 @@
+"""The doorbell on its own, in one process: ringing, poking, draining, closing."""
+
+from hvd_partial.transport.doorbell import Doorbell
+
+
+def _pair(host_b="h"):
+    a = Doorbell.open(lambda mine: [mine, None], "h", 0)
+    entry_a = ("h", None, a.port)
+    b = Doorbell.open(lambda mine: [entry_a, mine], host_b, 1)
+    return a, b
+
+
+def test_a_ring_wakes_the_peer_once():
+    a, b = _pair()
+    try:
+        assert not a.wait(0.01)  # nothing rung yet
+        b.ring(0)
+        b.ring(0)
+        assert a.wait(5.0)
+        assert not a.wait(0.01)  # both datagrams were drained by the first wake
+        assert b.reachable == 1 and a.reachable == 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_poke_wakes_the_own_engine_and_is_drained():
+    a, b = _pair()
+    try:
+        for _ in range(1000):  # more than one read's worth
+            a.poke()
+        assert a.wait(5.0)
+        assert not a.wait(0.01)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_peer_on_another_host_without_a_routable_address_is_not_rung():
+    a, b = _pair(host_b="other-host")  # a reported no address other hosts can use
+    try:
+        assert b.reachable == 0
+        b.ring(0)  # a no-op, not an error
+        assert not a.wait(0.05)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_closed_bell_ignores_pokes_and_rings():
+    a, b = _pair()
+    a.close()
+    b.close()
+    a.poke()
+    b.ring(0)
+    a.close()  # twice is fine
