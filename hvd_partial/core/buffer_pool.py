@@ -1,4 +1,4 @@
-"""Reuse of result buffers that callers have let go of.
+"""Reuse of result and staging buffers that nothing refers to any more.
 
 Every round's result is a buffer the caller owns, and posts are staged in
 buffers of their own (fused arrays, copies of data still pending when its
@@ -19,8 +19,9 @@ import numpy as np
 # the loop variable and getrefcount's own argument.
 _POOL_ONLY_REFS = 3
 
+
 class BufferPool:
-    """Flat buffers for one stream's results.
+    """Flat buffers of one stream: its results, or its staged posts.
 
     Example::
 

@@ -241,8 +241,8 @@ class Engine:
     def _run(self) -> None:
         idle = 0
         poll_max = self.config.idle_poll_ms / 1000.0
-        if self.coordinator is not None and self._bell is None:
-            poll_max /= 4  # other ranks' activations pass through here
+        if self.coordinator is not None and (self._bell is None or self._bell.reachable < self.size - 1):
+            poll_max /= 4  # other ranks' activations pass through here, not all by doorbell
         try:
             while not self._stopped.is_set():
                 worked = self._step()
