@@ -59,6 +59,7 @@ from hvd_partial.core.messages import Start  # noqa: E402
 from hvd_partial.sim import NetworkModel, random_delays, simulate  # noqa: E402
 from hvd_partial.sim.cluster import ClusterSimulator  # noqa: E402
 from hvd_partial.sim.network import fit_linear, fit_reduce, nonnegative_least_squares  # noqa: E402
+from result_files import save_figure  # noqa: E402
 
 TOLERANCE = 0.15
 CAL_SIZES_BYTES = [4, 64 * 1024, 1 << 20, 4 << 20]
@@ -427,7 +428,7 @@ def plots(val: list[dict], proj: list[dict], args) -> list[str]:
         axes[0].legend(fontsize=8)
         fig.suptitle("Simulator against the real runs, 2-8 ranks")
         fig.tight_layout()
-        made.append(_save(fig, args.out + "_validation.png"))
+        made.append(save_figure(fig, args.out + "_validation.png"))
     if proj:
         patterns = sorted({r["pattern"] for r in proj})
         fig, axes = plt.subplots(1, len(patterns), figsize=(4.3 * len(patterns), 3.8), squeeze=False, sharey=True)
@@ -454,17 +455,8 @@ def plots(val: list[dict], proj: list[dict], args) -> list[str]:
         fig.suptitle(f"Projected speedup over sync ({args.step_ms:g} ms steps, {args.delay_ms:g} ms delays, "
                      f"{args.nbytes >> 10} KiB gradient, model fitted on this machine)")
         fig.tight_layout()
-        made.append(_save(fig, args.out + "_projection.png"))
+        made.append(save_figure(fig, args.out + "_projection.png"))
     return made
-
-
-def _save(fig, name: str) -> str:
-    import matplotlib.pyplot as plt
-
-    path = os.path.join(RESULTS, name)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 # ===== main =======================================================================================

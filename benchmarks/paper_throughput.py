@@ -49,6 +49,7 @@ if ROOT not in sys.path:
 from hvd_partial.modes import Majority, Solo, Sync  # noqa: E402
 from hvd_partial.sim import NetworkModel, persistent_straggler, simulate  # noqa: E402
 from hvd_partial.sim.replay import sleeper_schedule  # noqa: E402
+from result_files import save_figure  # noqa: E402
 
 MODES = ["sync", "solo", "majority", "majority_q"]
 MODE_LABELS = {"sync": "sync", "solo": "solo", "majority": "majority", "majority_q": "majority q=P/2"}
@@ -284,7 +285,7 @@ def plots(rows: list[dict], args, prefix: str) -> list[str]:
         axes[0][0].legend(fontsize=8)
         fig.suptitle("Throughput under random delays (dotted: free-communication replay)")
         fig.tight_layout()
-        made.append(_save(fig, prefix + "_delay.png"))
+        made.append(save_figure(fig, prefix + "_delay.png"))
     strag = [r for r in rows if r["sweep"] == "straggler"]
     if strag:
         fig, ax = plt.subplots(figsize=(5, 3.6))
@@ -299,7 +300,7 @@ def plots(rows: list[dict], args, prefix: str) -> list[str]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        made.append(_save(fig, prefix + "_straggler.png"))
+        made.append(save_figure(fig, prefix + "_straggler.png"))
     taus = [r for r in rows if r["sweep"].startswith("tau_")]
     if taus:
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
@@ -320,17 +321,8 @@ def plots(rows: list[dict], args, prefix: str) -> list[str]:
             ax2.legend(fontsize=7, loc="lower right")
         fig.suptitle(f"Staleness bound against throughput, P = {taus[0]['P']}")
         fig.tight_layout()
-        made.append(_save(fig, prefix + "_staleness.png"))
+        made.append(save_figure(fig, prefix + "_staleness.png"))
     return made
-
-
-def _save(fig, name: str) -> str:
-    import matplotlib.pyplot as plt
-
-    path = os.path.join(RESULTS, name)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def machine() -> dict:
