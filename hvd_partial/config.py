@@ -40,6 +40,10 @@ class Config:
     abort_grace_seconds: float = 2.0
     #: Upper bound of the engine's idle back-off, in milliseconds.
     idle_poll_ms: float = 1.0
+    #: After any work, the engine stays awake this long (microseconds),
+    #: yielding the CPU, before it sleeps: a training loop's next post then
+    #: needs no wake-up. 0 sleeps at once.
+    spin_us: float = 200.0
     #: Wake idle engines with a UDP datagram after each urgent control
     #: message, instead of waiting for their next poll (a hint; MPI carries
     #: the message). Turn off where UDP between the hosts is unwanted.
@@ -74,6 +78,8 @@ class Config:
         for name in ("heartbeat_seconds", "failure_timeout_seconds", "idle_poll_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.spin_us < 0:
+            raise ConfigError(f"spin_us must be >= 0, got {self.spin_us}")
         if self.abort_grace_seconds < 0:
             raise ConfigError(f"abort_grace_seconds must be >= 0, got {self.abort_grace_seconds}")
         if self.fusion_threshold_bytes <= 0:

@@ -8,6 +8,7 @@ are unpacked as views of the reduced buffers (no copy).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -45,20 +46,29 @@ class Layout:
     def of(cls, arrays) -> "Layout":
         return cls(tuple((a.shape, dtype_name(a.dtype)) for a in arrays))
 
-    @property
-    def groups(self) -> list[tuple[str, list[int]]]:
+    # Derived once per layout (the engine asks on every round); cached_property
+    # writes the instance dict directly, which a frozen dataclass allows.
+    @cached_property
+    def groups(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
         """(dtype, indices of the arrays of that dtype), in order of first use."""
         order: dict[str, list[int]] = {}
         for i, (_, dtype) in enumerate(self.entries):
             order.setdefault(dtype, []).append(i)
-        return list(order.items())
+        return tuple((dtype, tuple(idx)) for dtype, idx in order.items())
+
+    @cached_property
+    def _sizes(self) -> tuple[int, ...]:
+        return tuple(int(np.prod(shape, dtype=np.int64)) for shape, _ in self.entries)
+
+    @cached_property
+    def _specs(self) -> tuple[tuple[int, str], ...]:
+        return tuple((sum(self._sizes[i] for i in idx), dtype) for dtype, idx in self.groups)
 
     def sizes(self) -> list[int]:
-        return [int(np.prod(shape, dtype=np.int64)) for shape, _ in self.entries]
+        return list(self._sizes)
 
     def buffer_specs(self) -> list[tuple[int, str]]:
-        sizes = self.sizes()
-        return [(sum(sizes[i] for i in idx), dtype) for dtype, idx in self.groups]
+        return list(self._specs)
 
     def zeros(self) -> list[np.ndarray]:
         return [np.zeros(n, dtype=dtype) for n, dtype in self.buffer_specs()]
@@ -73,7 +83,7 @@ class Layout:
         if len(arrays) == 1:
             return [arrays[0].reshape(-1)], [False]
         out, owned = [], []
-        sizes = self.sizes()
+        sizes = self._sizes
         for dtype, idx in self.groups:
             if len(idx) == 1:
                 out.append(arrays[idx[0]].reshape(-1))
@@ -85,7 +95,7 @@ class Layout:
 
     def unpack(self, buffers) -> list[np.ndarray]:
         """Views of ``buffers`` shaped like the stream's arrays."""
-        sizes = self.sizes()
+        sizes = self._sizes
         out: list = [None] * len(self.entries)
         for buf, (_, idx) in zip(buffers, self.groups):
             offset = 0

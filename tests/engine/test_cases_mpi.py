@@ -54,6 +54,20 @@ def test_doorbells_wake_idle_engines_at_once():
     assert on.results[0]["flushed_round"] == off.results[0]["flushed_round"]
 
 
+@pytest.mark.parametrize("doorbell,spin_us", [("1", "200"), ("0", "200"), ("1", "0")])
+def test_no_wakeup_is_lost_between_spinning_and_sleeping(doorbell, spin_us):
+    """Compute threads skip waking an engine that is awake; a post made just
+    as the engine goes to sleep must still wake it (through the doorbell's pipe,
+    or the lock without one), never wait out its 2 s idle poll."""
+    res = run_mpi("engine_cases.py", 2, "wakeups",
+                  env={"HVD_PARTIAL_DOORBELL": doorbell, "HVD_PARTIAL_SPIN_US": spin_us})
+    for rank, rep in res.results.items():
+        assert rep["spin"] == float(spin_us) / 1e6
+        assert len(rep["waits"]) == 108
+        worst = max(rep["waits"])
+        assert worst < 0.5, f"rank {rank}: a post waited {worst:.3f} s: a wake-up was lost"
+
+
 def test_grouped_stream_mixed_dtypes():
     nprocs = 3
     res = run_mpi("engine_cases.py", nprocs, "grouped")

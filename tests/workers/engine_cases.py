@@ -251,6 +251,25 @@ elif case == "doorbell":
             "flushed_round": results[-1].round})
     hvd.shutdown()
 
+elif case == "wakeups":
+    # Posts at every distance from the previous one: inside the engine's spin
+    # window (no wake-up sent), at its edge, and long after (the engine sleeps
+    # idle_poll_ms, 2 s here, at a time). A wake-up lost at the edge between
+    # spinning and sleeping would cost a post the rest of a 2 s sleep.
+    hvd.init(idle_poll_ms=2000.0)
+    spin = hvd.api._engine.config.spin_us / 1e6
+    gaps = [0.0, spin / 2, spin * 0.9, spin, spin * 1.1, spin * 2, 1e-3, 5e-3, 0.03]
+    order = np.random.default_rng(7).permutation(np.repeat(np.arange(len(gaps)), 12))  # same on every rank
+    hvd.partial_allreduce(np.ones(4), "w", mode=hvd.Sync())
+    waits = []
+    for k in order:
+        time.sleep(gaps[k])
+        started = time.perf_counter()
+        hvd.partial_allreduce(np.ones(4), "w", mode=hvd.Sync())
+        waits.append(time.perf_counter() - started)
+    report({"waits": waits, "spin": spin})
+    hvd.shutdown()
+
 elif case == "idle_cpu":
     # An idle engine must leave the CPU to the training thread.
     hvd.init()
