@@ -35,12 +35,19 @@ class Launch:
     communication. For solo and majority rounds the last buffer of ``send``
     holds this rank's facts (contributed, staleness, last post summed), so
     the reduction gathers every rank's facts with the data.
+
+    ``owned`` says, per buffer of ``send``, whether it belongs to this rank's
+    stream alone (a fused or staged copy, the facts): the engine may then
+    reduce it in place and hand it out as the result, sparing a copy of
+    the whole buffer. The caller's own arrays and the shared zeros are never
+    owned.
     """
 
     round: int
     send: list | None
     facts: Start | None  # None for sync rounds (all ranks, fresh)
     with_facts: bool = False
+    owned: list | None = None
 
 
 class Waiter:
@@ -108,7 +115,7 @@ class RankStream:
         computed_for = self.taken
         if self.sync:
             self.waiter = waiter
-            launch = Launch(self.started, buffers, None)
+            launch = Launch(self.started, buffers, None, owned=list(owned))
             self.started += 1
             return None, launch, False
         self.pending.append(PendingPost(self.seq, buffers, computed_for, owned))
@@ -151,7 +158,8 @@ class RankStream:
             facts[self.rank] = 1
             facts[P + self.rank] = start.round - items[0].computed_for
             facts[2 * P + self.rank] = items[-1].seq
-        return Launch(start.round, [*self._combine(items), facts], start, with_facts=True)
+        send, owned = self._combine(items)
+        return Launch(start.round, [*send, facts], start, with_facts=True, owned=[*owned, True])
 
     def complete(self, launch: Launch, reduced: list | None) -> Waiter | None:
         """A round finished with the reduced ``buffers`` (None: nothing was
@@ -216,18 +224,19 @@ class RankStream:
                 item.buffers = [b if mine else self._staging.copy_of(b) for b, mine in zip(item.buffers, item.owned)]
                 item.owned = [True] * len(item.buffers)
 
-    def _combine(self, items: list[PendingPost]) -> list:
+    def _combine(self, items: list[PendingPost]) -> tuple[list, list]:
+        """The buffers this rank sends in a round, and which of them it owns."""
         if not items:
             if self._zeros is None:
                 self._zeros = self.layout.zeros()  # read-only send buffer, reused
-            return self._zeros
+            return self._zeros, [False] * len(self._zeros)
         if len(items) == 1:
-            return items[0].buffers
+            return items[0].buffers, list(items[0].owned)
         total = [b if mine else self._staging.copy_of(b) for b, mine in zip(items[0].buffers, items[0].owned)]
         for item in items[1:]:
             for acc, b in zip(total, item.buffers):
                 np.add(acc, b, out=acc)
-        return total
+        return total, [True] * len(total)
 
     @property
     def lag(self) -> int:

@@ -19,8 +19,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
-
 from ..config import Config
 from ..core.buffer_pool import BufferPool
 from ..core.coordinator import Coordinator
@@ -534,14 +532,16 @@ class Engine:
                 return
             self._comm_requests[sid] = None
         comm = self._comms[sid]
-        specs = self._by_id[sid].layout.buffer_specs()
+        pool = self._pools[sid]
         for entry in self._rounds[sid]:
-            if entry.requests is None and entry.launch.send is not None:
-                entry.recv = self._pools[sid].take(specs)
-                if entry.launch.with_facts:
-                    entry.recv.append(np.empty_like(entry.launch.send[-1]))
-                entry.requests = [self.transport.iallreduce(comm, s, r)
-                                  for s, r in zip(entry.launch.send, entry.recv)]
+            launch = entry.launch
+            if entry.requests is None and launch.send is not None:
+                # A buffer the stream owns is reduced in place and becomes the
+                # result; the caller's arrays are summed into a pooled one.
+                owned = launch.owned or [False] * len(launch.send)
+                entry.recv = [s if mine else pool.take_one(s.size, s.dtype.name)
+                              for s, mine in zip(launch.send, owned)]
+                entry.requests = [self.transport.iallreduce(comm, s, r) for s, r in zip(launch.send, entry.recv)]
 
     def _progress_rounds(self) -> bool:
         worked = False
