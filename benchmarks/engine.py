@@ -5,6 +5,14 @@
     bare calls run with no engine (before ``init``); the engine modes are
     interleaved in rotating order, and each figure is the median of many
     samples gathered over several alternating blocks.
+(c) Balanced training steps (DESIGN.md's "step time"): every rank computes
+    the same CPU work (matrix products, about 10 ms with every rank computing
+    at once), then reduces a gradient: one array, or 16 arrays as one grouped
+    post (what the framework adapters send; bare: packed into one buffer and
+    reduced in place, as Horovod's fusion buffer is). Median step time of bare ``Allreduce`` (no engine),
+    sync, solo and majority, interleaved like (a). Here the engine's cost is
+    what it takes from a step: its hand-over, and the CPU it uses while the
+    training thread computes.
 (b) Injected imbalance: every step takes 20 ms of work (a sleep) and one
     random rank per step (the same on every rank) sleeps 100 ms more. Rounds
     per second of sync, solo and majority, beside the naive ideal (one round
@@ -16,9 +24,14 @@ Prints one table (rank 0) and writes it to benchmarks/results/engine.json.
 
 from __future__ import annotations
 
+import os
+
+# One BLAS thread per rank: (c) computes on ranks that already share the cores.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import argparse
 import json
-import os
 import platform
 import statistics
 import time
@@ -29,6 +42,9 @@ from mpi4py import MPI
 import hvd_partial as hvd
 from hvd_partial.sim import replay, sleeper_schedule
 
+# (c): label, float32 elements in all, arrays they are split into (several: one grouped post)
+STEP_SIZES = [("64 KiB", 16 * 1024, 1), ("1 MiB", 256 * 1024, 1), ("16 MiB", 4 * 1024 * 1024, 1),
+              ("16x1 MiB", 4 * 1024 * 1024, 16)]
 SIZES = [("4 B", 1), ("64 KiB", 16 * 1024), ("1 MiB", 256 * 1024), ("16 MiB", 4 * 1024 * 1024)]
 MODES = {"sync": hvd.Sync(), "solo": hvd.Solo(), "majority": hvd.Majority(seed=0)}
 
@@ -87,6 +103,76 @@ def balanced(blocks: int):
     return table
 
 
+class Work:
+    """The compute of one training step: ``reps`` products of a 128x128 matrix,
+    the same count on every rank, calibrated to take ``seconds`` while every
+    rank computes at once (the median rank's estimate)."""
+
+    def __init__(self, comm, seconds: float):
+        self.a = np.random.default_rng(1).random((128, 128))
+        t = time.perf_counter()
+        for _ in range(50):
+            self.a @ self.a
+        per = (time.perf_counter() - t) / 50
+        self.reps = max(1, int(statistics.median(comm.allgather(seconds / per))))
+
+    def __call__(self):
+        for _ in range(self.reps):
+            self.a @ self.a
+
+
+def step_samples(step_ms: float, blocks: int, steps: int):
+    comm = MPI.COMM_WORLD
+    work = Work(comm, step_ms / 1000)
+    grads = {label: np.split(np.random.default_rng(n).random(n, dtype=np.float32), parts)
+             for label, n, parts in STEP_SIZES}
+    out = {label: np.empty(n, np.float32) for label, n, _ in STEP_SIZES}
+
+    def bare(label):
+        if len(grads[label]) == 1:
+            comm.Allreduce(grads[label][0], out[label], op=MPI.SUM)
+        else:
+            np.concatenate(grads[label], out=out[label])
+            comm.Allreduce(MPI.IN_PLACE, out[label], op=MPI.SUM)
+
+    def post(label, name, mode):
+        if len(grads[label]) == 1:
+            hvd.partial_allreduce(grads[label][0], name, mode=mode, op=hvd.Sum)
+        else:
+            hvd.synchronize(hvd.grouped_partial_allreduce_async(grads[label], name, mode=mode, op=hvd.Sum))
+
+    samples = {(m, label): [] for m in ["bare", *MODES] for label, _, _ in STEP_SIZES}
+    for block in range(blocks):
+        for label, _, _ in STEP_SIZES:  # no engine running
+            comm.Barrier()
+            for i in range(steps + 1):
+                t = time.perf_counter()
+                work()
+                bare(label)
+                if i >= 1:
+                    samples[("bare", label)].append(time.perf_counter() - t)
+        hvd.init()
+        order = list(MODES)
+        for label, _, _ in STEP_SIZES:
+            for mode_name in order[block % 3:] + order[:block % 3]:
+                name = f"step-{mode_name}-{label}"
+                hvd.barrier()
+                for i in range(steps + 1):
+                    t = time.perf_counter()
+                    work()
+                    post(label, name, MODES[mode_name])
+                    if i >= 1:
+                        samples[(mode_name, label)].append(time.perf_counter() - t)
+                hvd.flush(name)
+        hvd.shutdown()
+    gathered = comm.gather(samples, root=0)
+    if comm.Get_rank() != 0:
+        return None
+    table = {f"{k[0]}|{k[1]}": statistics.median(v for r in gathered for v in r[k]) for k in samples}
+    table["reps"] = work.reps
+    return table
+
+
 def imbalance(steps: int, step_s: float, delay_s: float, seed: int, tau: int, nbytes: int):
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -130,9 +216,14 @@ def main():
     parser.add_argument("--imbalance-bytes", default="65536,1048576",
                         help="gradient sizes for (b), comma-separated")
     parser.add_argument("--skip-balanced", action="store_true")
+    parser.add_argument("--work-ms", type=float, default=10.0, help="compute per step in (c), all ranks computing at once")
+    parser.add_argument("--step-blocks", type=int, default=4, help="alternating bare/engine blocks for (c)")
+    parser.add_argument("--step-count", type=int, default=12, help="steps per mode, size and block in (c)")
+    parser.add_argument("--skip-steps", action="store_true")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     table = None if args.skip_balanced else balanced(args.blocks)
+    steps = None if args.skip_steps else step_samples(args.work_ms, args.step_blocks, args.step_count)
     imbs = {int(b): imbalance(args.steps, args.step_ms / 1000, args.delay_ms / 1000, args.seed, args.max_staleness,
                               int(b)) for b in args.imbalance_bytes.split(",")}
     if comm.Get_rank() != 0:
@@ -148,6 +239,15 @@ def main():
         for label, _ in SIZES:
             b, s, so, m = (table[f"{k}|{label}"] * 1e3 for k in ("bare", "sync", "solo", "majority"))
             lines.append(f"{label:>8} {b:9.3f} {s:9.3f} {so:9.3f} {m:9.3f} {s / b:10.2f} {so / s:10.2f} {m / s:9.2f}")
+    if steps:
+        lines.append("")
+        lines.append(f"(c) balanced steps: {args.work_ms:g} ms of compute ({steps['reps']} products of 128x128 "
+                     "matrices, all ranks at once), then one reduction; median step time (ms) and ratios")
+        lines.append(f"{'gradient':>8} {'bare':>9} {'sync':>9} {'solo':>9} {'majority':>9} "
+                     f"{'sync/bare':>10} {'solo/sync':>10} {'maj/sync':>9}")
+        for label, _, _ in STEP_SIZES:
+            b, s, so, m = (steps[f"{k}|{label}"] * 1e3 for k in ("bare", "sync", "solo", "majority"))
+            lines.append(f"{label:>8} {b:9.2f} {s:9.2f} {so:9.2f} {m:9.2f} {s / b:10.2f} {so / s:10.2f} {m / s:9.2f}")
     lines.append("")
     ideal = 1000.0 / args.step_ms
     lines.append(f"(b) imbalance: {args.steps} steps of {args.step_ms:g} ms, one random rank per step sleeps "
@@ -167,7 +267,7 @@ def main():
     print(text, flush=True)
     os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
     with open(os.path.join(os.path.dirname(__file__), "results", "engine.json"), "w") as fh:
-        json.dump({"balanced_seconds": table, "imbalance": {str(k): v for k, v in imbs.items()}, "args": vars(args), "table": text}, fh, indent=1,
+        json.dump({"balanced_seconds": table, "step_seconds": steps, "imbalance": {str(k): v for k, v in imbs.items()}, "args": vars(args), "table": text}, fh, indent=1,
                   default=float)
 
 
