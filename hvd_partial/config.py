@@ -44,6 +44,12 @@ class Config:
     #: yielding the CPU, before it sleeps: a training loop's next post then
     #: needs no wake-up. 0 sleeps at once.
     spin_us: float = 200.0
+    #: 0: the engine tests a reduction in flight continuously, yielding the
+    #: CPU between tests. Above 0: once a reduction has been in flight 1 ms,
+    #: it is tested this often (microseconds), the engine sleeping in
+    #: between, so that ranks still computing keep the CPU. Worth it where
+    #: ranks outnumber cores and large solo rounds overlap computation.
+    reduce_poll_us: float = 0.0
     #: Wake idle engines with a UDP datagram after each urgent control
     #: message, instead of waiting for their next poll (a hint; MPI carries
     #: the message). Turn off where UDP between the hosts is unwanted.
@@ -78,8 +84,9 @@ class Config:
         for name in ("heartbeat_seconds", "failure_timeout_seconds", "idle_poll_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.spin_us < 0:
-            raise ConfigError(f"spin_us must be >= 0, got {self.spin_us}")
+        for name in ("spin_us", "reduce_poll_us"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.abort_grace_seconds < 0:
             raise ConfigError(f"abort_grace_seconds must be >= 0, got {self.abort_grace_seconds}")
         if self.fusion_threshold_bytes <= 0:

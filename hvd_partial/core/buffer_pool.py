@@ -11,6 +11,7 @@ tensor made from it, not a round still reducing it.
 
 from __future__ import annotations
 
+import mmap
 import sys
 
 import numpy as np
@@ -18,6 +19,41 @@ import numpy as np
 # References to a pooled array while it is being checked: the pool's list,
 # the loop variable and getrefcount's own argument.
 _POOL_ONLY_REFS = 3
+
+# From this size on a buffer gets pages of its own instead of coming from malloc.
+MAPPED_MIN_BYTES = 1 << 20
+
+
+def allocate(n: int, dtype, zero: bool = False) -> np.ndarray:
+    """A flat array of ``n`` elements of ``dtype``; zero-filled when ``zero``.
+
+    A large one is mapped on its own (anonymous pages, zero already) rather
+    than taken from malloc. Buffers the engine thread took from malloc shared
+    that thread's arena with MPI's temporary buffers of the same size, and
+    memory kept going back to the kernel and faulting in again (most faults
+    in MPI's shared-memory copies into fresh pages): on 4 ranks, a grouped 16 MiB solo
+    stream took 5,800-7,500 page faults per step that way, 1,050-1,450 with
+    mapped buffers (sync: about 200 either way), and its step time fell
+    from 61 to 50 ms in the same run.
+
+    Example::
+
+        buf = allocate(4 * 1024 * 1024, "float32", zero=True)
+    """
+    dtype = np.dtype(dtype)
+    nbytes = n * dtype.itemsize
+    if nbytes >= MAPPED_MIN_BYTES:
+        pages = mmap.mmap(-1, nbytes)
+        if hasattr(pages, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+            # As numpy does for large arrays: with transparent huge pages on
+            # request only, MPI's shared-memory copies out of 4 KiB pages
+            # spent a visible share of the time walking page tables.
+            try:
+                pages.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:
+                pass
+        return np.frombuffer(pages, dtype=dtype, count=n)
+    return np.zeros(n, dtype) if zero else np.empty(n, dtype)
 
 
 class BufferPool:
@@ -50,7 +86,7 @@ class BufferPool:
             if sys.getrefcount(buf) <= _POOL_ONLY_REFS:
                 self.reused += 1
                 return buf
-        buf = np.empty(n, dtype=dtype)
+        buf = allocate(n, dtype)
         self.allocated += 1
         if len(pooled) < self.keep:
             pooled.append(buf)

@@ -13,6 +13,7 @@ from functools import cached_property
 import numpy as np
 
 from ..errors import UnsupportedInputError
+from .buffer_pool import allocate
 
 SUPPORTED_DTYPES = ("float16", "float32", "float64", "int32", "int64", "uint8", "int8")
 # dtype.name is computed in Python on every access; posts are a hot path.
@@ -71,10 +72,10 @@ class Layout:
         return list(self._specs)
 
     def zeros(self) -> list[np.ndarray]:
-        return [np.zeros(n, dtype=dtype) for n, dtype in self.buffer_specs()]
+        return [allocate(n, dtype, zero=True) for n, dtype in self.buffer_specs()]
 
     def empty(self) -> list[np.ndarray]:
-        return [np.empty(n, dtype=dtype) for n, dtype in self.buffer_specs()]
+        return [allocate(n, dtype) for n, dtype in self.buffer_specs()]
 
     def pack(self, arrays, pool=None) -> tuple[list[np.ndarray], list[bool]]:
         """Flat buffers holding ``arrays``, and for each whether it is a copy

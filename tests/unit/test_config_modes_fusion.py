@@ -1,3 +1,4 @@
+import mmap
 import subprocess
 import sys
 
@@ -5,7 +6,7 @@ import numpy as np
 import pytest
 
 from hvd_partial.config import Config, load_config
-from hvd_partial.core.buffer_pool import BufferPool
+from hvd_partial.core.buffer_pool import MAPPED_MIN_BYTES, BufferPool, allocate
 from hvd_partial.core.fusion import Layout
 from hvd_partial.errors import ConfigError
 from hvd_partial.modes import Majority, designated_initiator, mode_from_name
@@ -82,3 +83,35 @@ def test_buffer_pool_reuses_only_released_buffers():
     del view
     (third,) = pool.take([(8, "float32")])
     assert pool.reused == 1 and third is not second
+
+
+def _mapped(array) -> bool:
+    base = array.base
+    return isinstance(getattr(base, "obj", base), mmap.mmap)
+
+
+def test_large_buffers_are_mapped_zeroed_and_pooled_like_small_ones():
+    n = MAPPED_MIN_BYTES // 4  # float32: exactly the threshold
+    big = allocate(n, "float32", zero=True)
+    assert _mapped(big) and big.dtype == np.float32 and big.size == n
+    assert big.flags.writeable and not big.any()
+    small = allocate(n - 1, "float32", zero=True)
+    assert not _mapped(small) and not small.any()
+    assert _mapped(Layout.of([np.zeros(n, np.float32)]).zeros()[0])
+
+    pool = BufferPool(keep=2)
+    first = pool.take_one(n, "float32")
+    first[:] = 1.0
+    view = first[10:20].reshape(2, 5)  # what unpack hands out as a result
+    del first
+    second = pool.take_one(n, "float32")
+    assert second is not view.base  # a view of a mapped buffer still holds it
+    del view
+    third = pool.take_one(n, "float32")
+    assert pool.reused == 1 and third is not second and third[0] == 1.0
+
+
+def test_poll_settings_are_validated():
+    with pytest.raises(ConfigError, match="reduce_poll_us must be >= 0"):
+        load_config(environ={"HVD_PARTIAL_REDUCE_POLL_US": "-1"})
+    assert load_config(environ={"HVD_PARTIAL_REDUCE_POLL_US": "0"}).reduce_poll_us == 0.0

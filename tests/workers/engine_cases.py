@@ -270,6 +270,39 @@ elif case == "wakeups":
     report({"waits": waits, "spin": spin})
     hvd.shutdown()
 
+elif case == "large_rounds":
+    # Buffers past the mapped-allocation threshold, reductions long enough for
+    # the engine to space out its tests (reduce_poll_us from the environment),
+    # and in solo the ranks out of step: zeros sent, stale and fresh posts
+    # summed into one contribution, fused and lone arrays side by side.
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    rng = np.random.default_rng(5 + rank)
+    big = rng.integers(-1000, 1000, 700_000).astype(np.float64)
+    expected = np.empty_like(big)
+    MPI.COMM_WORLD.Allreduce(big, expected, op=MPI.SUM)
+    sync_same = bool(np.array_equal(hvd.partial_allreduce(big, "big", mode=hvd.Sync(), op=hvd.Sum)[0].array,
+                                    expected))
+    shapes = [(300_000,), (500, 600), (200_000,)]
+    dtypes = [np.float32, np.float32, np.float64]
+    rounds = []
+    posted = [np.zeros(s, d) for s, d in zip(shapes, dtypes)]
+    for step in range(12):
+        time.sleep(0.004 * ((rank + step) % size))
+        arrays = [np.full(s, (rank + 1) * (step + 1) + i, d) for i, (s, d) in enumerate(zip(shapes, dtypes))]
+        for acc, a in zip(posted, arrays):
+            acc += a
+        rounds += hvd.synchronize(hvd.grouped_partial_allreduce_async(arrays, "solo", mode=hvd.Solo(), op=hvd.Sum))
+    rounds += hvd.flush("solo")
+    mine = [np.sum([r.arrays[i] for r in rounds], axis=0) for i in range(3)]
+    everyone = [MPI.COMM_WORLD.allreduce(p.sum()) for p in posted]
+    digests = [(r.round, [float(a.sum()) for a in r.arrays]) for r in rounds]
+    report({"sync_same": sync_same, "conserved": [bool(float(m.sum()) == float(e)) for m, e in zip(mine, everyone)],
+            "uniform": [bool((m == m.flat[0]).all()) for m in mine], "digests": digests,
+            "stale": int(sum(sum(v > 0 for v in r.staleness.values()) for r in rounds)),
+            "poll": hvd.api._engine.config.reduce_poll_us})
+    hvd.shutdown()
+
 elif case == "idle_cpu":
     # An idle engine must leave the CPU to the training thread.
     hvd.init()
