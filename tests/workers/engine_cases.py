@@ -283,7 +283,7 @@ elif case == "large_rounds":
     MPI.COMM_WORLD.Allreduce(big, expected, op=MPI.SUM)
     sync_same = bool(np.array_equal(hvd.partial_allreduce(big, "big", mode=hvd.Sync(), op=hvd.Sum)[0].array,
                                     expected))
-    shapes = [(300_000,), (500, 600), (200_000,)]
+    shapes = [(600_000,), (1000, 600), (200_000,)]  # float32 fused: 4.8 MB, mapped
     dtypes = [np.float32, np.float32, np.float64]
     rounds = []
     posted = [np.zeros(s, d) for s, d in zip(shapes, dtypes)]
