@@ -271,8 +271,8 @@ class Engine:
                 elif self._helper is not None or self._pending_handles:
                     # A waiting compute thread leaves the CPU free: poll closely, yielding.
                     # (Sleeping on the doorbell here instead, woken by the start
-                    # of the round, made a solo post at 4 B to 1 MiB slower by
-                    # 0.3-0.6 ms on this VM: the datagram's wake-up is slow.)
+                    # of the round, made posts of 4 B to 1 MiB slower by
+                    # 0.2-0.6 ms on this VM: the datagram's wake-up is slow.)
                     if idle < 5000:
                         os.sched_yield()
                     else:
