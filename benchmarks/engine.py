@@ -201,6 +201,13 @@ def imbalance(steps: int, step_s: float, delay_s: float, seed: int, tau: int, nb
     return out if rank == 0 else None
 
 
+def _ratio_row(table: dict, label: str, digits: int) -> str:
+    """One row of (a) or (c): the medians in ms of bare and each mode, then their ratios."""
+    b, s, so, m = (table[f"{k}|{label}"] * 1e3 for k in ("bare", "sync", "solo", "majority"))
+    return (f"{label:>8} {b:9.{digits}f} {s:9.{digits}f} {so:9.{digits}f} {m:9.{digits}f} "
+            f"{s / b:10.2f} {so / s:10.2f} {m / s:9.2f}")
+
+
 def _human(nbytes: int) -> str:
     return f"{nbytes // (1024 * 1024)} MiB" if nbytes >= 1024 * 1024 else f"{nbytes // 1024} KiB"
 
@@ -236,18 +243,14 @@ def main():
         lines.append("(a) balanced: median time per call (ms) and ratios")
         lines.append(f"{'size':>8} {'bare':>9} {'sync':>9} {'solo':>9} {'majority':>9} "
                      f"{'sync/bare':>10} {'solo/sync':>10} {'maj/sync':>9}")
-        for label, _ in SIZES:
-            b, s, so, m = (table[f"{k}|{label}"] * 1e3 for k in ("bare", "sync", "solo", "majority"))
-            lines.append(f"{label:>8} {b:9.3f} {s:9.3f} {so:9.3f} {m:9.3f} {s / b:10.2f} {so / s:10.2f} {m / s:9.2f}")
+        lines += [_ratio_row(table, label, 3) for label, _ in SIZES]
     if steps:
         lines.append("")
         lines.append(f"(c) balanced steps: {args.work_ms:g} ms of compute ({steps['reps']} products of 128x128 "
                      "matrices, all ranks at once), then one reduction; median step time (ms) and ratios")
         lines.append(f"{'gradient':>8} {'bare':>9} {'sync':>9} {'solo':>9} {'majority':>9} "
                      f"{'sync/bare':>10} {'solo/sync':>10} {'maj/sync':>9}")
-        for label, _, _ in STEP_SIZES:
-            b, s, so, m = (steps[f"{k}|{label}"] * 1e3 for k in ("bare", "sync", "solo", "majority"))
-            lines.append(f"{label:>8} {b:9.2f} {s:9.2f} {so:9.2f} {m:9.2f} {s / b:10.2f} {so / s:10.2f} {m / s:9.2f}")
+        lines += [_ratio_row(steps, label, 2) for label, _, _ in STEP_SIZES]
     lines.append("")
     ideal = 1000.0 / args.step_ms
     lines.append(f"(b) imbalance: {args.steps} steps of {args.step_ms:g} ms, one random rank per step sleeps "

@@ -74,9 +74,6 @@ class Layout:
     def zeros(self) -> list[np.ndarray]:
         return [allocate(n, dtype, zero=True) for n, dtype in self.buffer_specs()]
 
-    def empty(self) -> list[np.ndarray]:
-        return [allocate(n, dtype) for n, dtype in self.buffer_specs()]
-
     def pack(self, arrays, pool=None) -> tuple[list[np.ndarray], list[bool]]:
         """Flat buffers holding ``arrays``, and for each whether it is a copy
         (a dtype with several arrays is concatenated, into a buffer of

@@ -47,7 +47,7 @@ class Launch:
     send: list | None
     facts: Start | None  # None for sync rounds (all ranks, fresh)
     with_facts: bool = False
-    owned: list | None = None
+    owned: list | None = None  # set whenever send is
 
 
 class Waiter:
