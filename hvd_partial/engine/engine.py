@@ -138,6 +138,7 @@ class Engine:
         self._goodbye_sent: frozenset | None = None
         self._closed = False
         self._shutdown_handle: Handle | None = None
+        self._sends_wait_since: float | None = None  # shutdown done but for unsent messages
         self._leaving_requested = False  # set by the compute thread in shutdown()
         self.failure: HvdPartialError | None = None
         self._stopped = threading.Event()
@@ -348,9 +349,31 @@ class Engine:
             return False
         if any(s.waiter is not None for s in self._streams.values()):
             return False
-        self.transport.progress_sends()
+        if not self._last_sends_out():
+            return False
         if self._shutdown_handle is not None:
             self._shutdown_handle.set_result(None)
+        return True
+
+    def _last_sends_out(self) -> bool:
+        """True once this rank's control messages have all left, or a peer
+        has had ``failure_timeout_seconds`` to take them.
+
+        The last ones (rank 0's ``Closed``, say) may still be queued in MPI
+        when the rest of the shutdown is done, and only MPI calls move them:
+        an engine that stopped here left its peers waiting for them.
+        """
+        outstanding = self.transport.progress_sends()
+        if outstanding == 0:
+            return True
+        now = time.monotonic()
+        if self._sends_wait_since is None:
+            self._sends_wait_since = now
+        waited = now - self._sends_wait_since
+        if waited < self.config.failure_timeout_seconds:
+            return False
+        log.warning("rank %d: %d control messages still unsent after %.1f s at shutdown; stopping without them",
+                    self.rank, outstanding, waited)
         return True
 
     def _drain_failure_notices(self):
@@ -360,8 +383,9 @@ class Engine:
                 if self.transport.progress_sends() == 0:
                     return
             except Exception:  # noqa: BLE001 - a dead peer may fail its sends
-                return
+                break
             time.sleep(0.001)
+        self.transport.retain_unfinished_sends()
 
     def _rounds_in_flight(self) -> bool:
         return any(self._rounds.values())

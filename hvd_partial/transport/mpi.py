@@ -26,6 +26,9 @@ TAG_HEARTBEAT = 13
 TAG_FAILURE = 14
 # Messages an idle engine must act on at once: its doorbell is rung after them.
 _URGENT_TAGS = frozenset({TAG_TO_COORDINATOR, TAG_FROM_COORDINATOR, TAG_FAILURE})
+# Sends that had not completed when their transport was freed (after a failure,
+# or a peer that never took them): kept alive for the life of the process.
+_UNFINISHED_SENDS: list = []
 
 
 def thread_level_name(level: int) -> str:
@@ -92,6 +95,16 @@ class MpiTransport:
             self._sends = [r for r in self._sends if not r.Test()]
         return len(self._sends)
 
+    def retain_unfinished_sends(self) -> None:
+        """Keep the sends still in flight alive for the life of the process.
+
+        A send owns its pickled buffer until MPI is done with it; dropping the
+        request would free that buffer while MPI may still be copying it out,
+        and a peer would receive garbage.
+        """
+        _UNFINISHED_SENDS.extend(self._sends)
+        self._sends = []
+
     # -- stream communicators and reductions -------------------------------------
 
     def new_stream_comm(self):
@@ -150,6 +163,7 @@ class MpiTransport:
     def free(self):
         if self.doorbell is not None:
             self.doorbell.close()
+        self.retain_unfinished_sends()
         for comm in (self.control, self.helpers, self.factory):
             try:
                 comm.Free()
