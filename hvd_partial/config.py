@@ -38,8 +38,14 @@ class Config:
     #: How long a rank that raised waits for its failure notice to reach the
     #: others before it exits.
     abort_grace_seconds: float = 2.0
-    #: Upper bound of the engine's idle back-off, in milliseconds.
+    #: Upper bound of the engine's idle back-off, in milliseconds, where some
+    #: peer cannot ring its doorbell (or doorbells are off).
     idle_poll_ms: float = 1.0
+    #: Where every peer can ring its doorbell, an idle engine sleeps this
+    #: long at a time (milliseconds): rings and new posts wake it at once, so
+    #: this only bounds the delay of a lost ring. Short sleeps cost training:
+    #: each wake-up takes the CPU from a computing thread.
+    doorbell_poll_ms: float = 10.0
     #: After any work, the engine stays awake this long (microseconds),
     #: yielding the CPU, before it sleeps: a training loop's next post then
     #: needs no wake-up. 0 sleeps at once.
@@ -81,7 +87,7 @@ class Config:
     def __post_init__(self):
         if self.max_staleness < 0:
             raise ConfigError(f"max_staleness must be >= 0, got {self.max_staleness}")
-        for name in ("heartbeat_seconds", "failure_timeout_seconds", "idle_poll_ms"):
+        for name in ("heartbeat_seconds", "failure_timeout_seconds", "idle_poll_ms", "doorbell_poll_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("spin_us", "reduce_poll_us"):

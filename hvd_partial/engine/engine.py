@@ -42,6 +42,10 @@ _FOCUS_SECONDS = 2e-4
 # How long a reduction is tested continuously before the tests space out
 # (reduce_poll_us); see _poll_reductions.
 _PATIENCE_SECONDS = 1e-3
+# With doorbells, the short naps (back-off from 40 us, about 1.2 ms in all) an
+# idle engine takes after a wake-up that found nothing, before it sleeps
+# doorbell_poll_ms at a time again.
+_RECHECKS = 5
 
 
 @dataclass
@@ -118,6 +122,9 @@ class Engine:
         # Where the transport has doorbells, the idle engine sleeps on its
         # bell instead: rung by peers after urgent messages, poked by compute threads.
         self._bell = getattr(transport, "doorbell", None)
+        self._bell_covers_all = self._bell is not None and self._bell.reachable == self.size - 1
+        self._bell_poll = config.doorbell_poll_ms / 1000.0
+        self._unsent = 0  # control messages still queued in MPI after the last step
         self._streams: dict[str, RankStream] = {}
         self._by_id: dict[int, RankStream] = {}
         self._held: dict[str, Waiter] = {}  # first posts waiting for registration
@@ -250,6 +257,7 @@ class Engine:
 
     def _run(self) -> None:
         idle = 0
+        recheck = 0  # short naps left after a wake-up that found nothing yet
         spin = self.config.spin_us / 1e6
         awake_until = 0.0
         poll_max = self.config.idle_poll_ms / 1000.0
@@ -261,7 +269,7 @@ class Engine:
                 if self._finished():
                     break
                 if worked:
-                    idle = 0
+                    idle = recheck = 0
                     awake_until = time.perf_counter() + spin
                     continue
                 idle += 1
@@ -285,11 +293,29 @@ class Engine:
                     os.sched_yield()
                 elif self._bell is not None:
                     # Nothing in flight: sleep, but wake at once on a new command
-                    # or a peer's urgent message, then poll closely again. The
-                    # bell makes a fast back-off safe (and cheap on the CPU).
+                    # or a peer's urgent message, then poll closely again.
+                    if self._bell_covers_all and not self._unsent and not recheck:
+                        # Every message that needs this engine rings it and
+                        # every post pokes it, so no back-off: the timer only
+                        # catches a lost ring. Each wake-up preempts a
+                        # computing thread (see doorbell_poll_ms), so first
+                        # consume the rings of messages already handled while
+                        # awake, looking once more if there were any, rather
+                        # than wake for them.
+                        if self._bell.drain():
+                            continue
+                        nap = self._bell_poll
+                    else:
+                        # Without doorbells from every peer; or after a wake-up
+                        # that found nothing (a ring ahead of its message), or
+                        # while this rank's own sends are queued in MPI (only
+                        # its MPI calls move them): back off from short naps.
+                        nap = min(poll_max, 2e-5 * (1 << min(idle, 20)))
+                        recheck = max(0, recheck - 1)
                     self._asleep = True
-                    if not self._commands and self._bell.wait(min(poll_max, 2e-5 * (1 << min(idle, 20)))):
+                    if not self._commands and self._bell.wait(nap):
                         idle = 0
+                        recheck = _RECHECKS
                     self._asleep = False
                 else:
                     self._asleep = True
@@ -409,7 +435,7 @@ class Engine:
         worked |= self._progress_helpers()
         if self._leaving:
             worked |= self._progress_leaving()
-        self.transport.progress_sends()
+        self._unsent = self.transport.progress_sends()
         self._liveness()
         return worked
 

@@ -1,7 +1,7 @@
 """Doorbells: wake an idle engine at once when a control message is sent to it.
 
 MPI cannot wake a sleeping thread when a message arrives: an idle engine
-only sees one at its next poll (up to ``idle_poll_ms`` later), and a solo
+only sees one at its next poll, and a solo
 round cannot reduce until every rank's engine has seen its start. So each
 urgent control message is followed by a one-byte UDP datagram to the
 destination's doorbell, and an idle engine sleeps in ``select`` on its
@@ -9,8 +9,9 @@ doorbell instead of a timer. Compute threads ring the same bell through a
 pipe when they submit work.
 
 A doorbell is only a hint: the message itself always travels over MPI and
-the engine still polls at ``idle_poll_ms``, so a lost or blocked datagram
-costs latency, never correctness. Peers on the same host are rung on the
+the engine still polls (every ``doorbell_poll_ms`` where every peer can ring
+it, else every ``idle_poll_ms``), so a lost or blocked datagram costs
+latency, never correctness. Peers on the same host are rung on the
 loopback address; a remote peer only if its host name resolves to a
 non-loopback address, else that peer is left to polling.
 """
@@ -109,21 +110,25 @@ class Doorbell:
         readable, _, _ = select.select(self._fds, [], [], timeout)
         if not readable:
             return False
-        self._drain()
+        self.drain()
         return True
 
-    def _drain(self) -> None:
+    def drain(self) -> bool:
+        """Consume every pending ring and poke without sleeping; True if there were any."""
+        found = False
         try:
             while os.read(self._pipe_r, 4096):
-                pass
+                found = True
         except BlockingIOError:
             pass
         if self._sock is not None:
             try:
                 while True:
                     self._sock.recv(64)
+                    found = True
             except (BlockingIOError, OSError):
                 pass
+        return found
 
     @property
     def port(self) -> int | None:

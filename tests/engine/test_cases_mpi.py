@@ -37,7 +37,8 @@ def test_shut_down_engines_are_freed_without_the_garbage_collector():
 
 
 def test_doorbells_wake_idle_engines_at_once():
-    """Idle engines with doorbells sleep idle_poll_ms (300 ms here) at a time;
+    """Idle engines sleep doorbell_poll_ms (with doorbells) or idle_poll_ms
+    (without; both 300 ms here) at a time;
     a solo round started by one rank needs every engine, so it completes in a
     few ms only if the others' doorbells woke them. Without doorbells the same
     protocol still runs, on polling alone."""

@@ -115,3 +115,6 @@ def test_poll_settings_are_validated():
     with pytest.raises(ConfigError, match="reduce_poll_us must be >= 0"):
         load_config(environ={"HVD_PARTIAL_REDUCE_POLL_US": "-1"})
     assert load_config(environ={"HVD_PARTIAL_REDUCE_POLL_US": "0"}).reduce_poll_us == 0.0
+    with pytest.raises(ConfigError, match="doorbell_poll_ms must be > 0"):
+        load_config(environ={"HVD_PARTIAL_DOORBELL_POLL_MS": "0"})
+    assert load_config({"doorbell_poll_ms": 5}, environ={"HVD_PARTIAL_DOORBELL_POLL_MS": "50"}).doorbell_poll_ms == 5

@@ -1,5 +1,7 @@
 """The doorbell on its own, in one process: ringing, poking, draining, closing."""
 
+import time
+
 from hvd_partial.transport.doorbell import Doorbell
 
 
@@ -54,3 +56,21 @@ def test_closed_bell_ignores_pokes_and_rings():
     a.poke()
     b.ring(0)
     a.close()  # twice is fine
+
+
+def test_drain_consumes_pending_rings_and_pokes_without_sleeping():
+    a, b = _pair()
+    try:
+        assert not a.drain()  # nothing pending: returns at once
+        b.ring(0)
+        deadline = time.monotonic() + 5.0
+        while not a.drain():  # the datagram may take a moment on loopback
+            assert time.monotonic() < deadline, "the ring never arrived"
+        a.poke()
+        a.poke()
+        assert a.drain()  # a poke is there at once
+        assert not a.drain()
+        assert not a.wait(0.01)  # nothing left to wake on
+    finally:
+        a.close()
+        b.close()

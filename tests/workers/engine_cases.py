@@ -228,9 +228,10 @@ elif case == "no_leak":
 
 elif case == "doorbell":
     # Only rank 1 posts to a solo stream; the other engines are idle, polling
-    # every idle_poll_ms (long here). Each round needs every engine, so a post
-    # waits for the others' next poll unless their doorbells wake them.
-    hvd.init(idle_poll_ms=float(sys.argv[2]))
+    # every idle_poll_ms (without doorbells) or doorbell_poll_ms (with), both
+    # long here. Each round needs every engine, so a post waits for the
+    # others' next poll unless their doorbells wake them.
+    hvd.init(idle_poll_ms=float(sys.argv[2]), doorbell_poll_ms=float(sys.argv[2]))
     rank = hvd.rank()
     engine = hvd.api._engine
     waits = []
@@ -256,7 +257,7 @@ elif case == "wakeups":
     # window (no wake-up sent), at its edge, and long after (the engine sleeps
     # idle_poll_ms, 2 s here, at a time). A wake-up lost at the edge between
     # spinning and sleeping would cost a post the rest of a 2 s sleep.
-    hvd.init(idle_poll_ms=2000.0)
+    hvd.init(idle_poll_ms=2000.0, doorbell_poll_ms=2000.0)
     spin = hvd.api._engine.config.spin_us / 1e6
     gaps = [0.0, spin / 2, spin * 0.9, spin, spin * 1.1, spin * 2, 1e-3, 5e-3, 0.03]
     order = np.random.default_rng(7).permutation(np.repeat(np.arange(len(gaps)), 12))  # same on every rank
