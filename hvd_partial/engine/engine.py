@@ -421,7 +421,8 @@ class Engine:
         while self._commands:
             self._handle_command(self._commands.popleft())
             worked = True
-        for source, tag, message in self.transport.receive():
+        rung = self._bell is not None and self._bell.take_ring()
+        for source, tag, message in self.transport.receive(rung):
             self._last_heard[source] = time.monotonic()
             self._handle_message(source, tag, message)
             worked = True

@@ -53,6 +53,7 @@ class Doorbell:
         os.set_blocking(self._pipe_w, False)
         self._fds = [self._pipe_r] + ([sock] if sock is not None else [])
         self._closed = False
+        self._rung = False  # a peer's ring was consumed and not yet reported
 
     @classmethod
     def open(cls, allgather, host: str, rank: int) -> "Doorbell":
@@ -125,10 +126,15 @@ class Doorbell:
             try:
                 while True:
                     self._sock.recv(64)
-                    found = True
+                    found = self._rung = True
             except (BlockingIOError, OSError):
                 pass
         return found
+
+    def take_ring(self) -> bool:
+        """True if a peer rang since the last call: a message is on its way."""
+        rung, self._rung = self._rung, False
+        return rung
 
     @property
     def port(self) -> int | None:

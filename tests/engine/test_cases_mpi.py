@@ -72,6 +72,16 @@ def test_large_rounds_conserve_and_agree_whatever_the_polling(reduce_poll_us):
         assert rep["digests"] == digests, f"rank {rank} took other rounds than rank 0"
 
 
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+def test_a_rung_engine_receives_the_message_at_once(nprocs):
+    """A doorbell rings once the message is sent, but MPI may show it only to
+    a later probe: a rung receive keeps probing (a few times) rather than
+    leave the engine to find it on a later wake-up."""
+    res = run_mpi("engine_cases.py", nprocs, "rung_receive")
+    rep = res.results[0]
+    assert rep["in_one_call"] == rep["of"], f"{rep['of'] - rep['in_one_call']} rings found no message at first"
+
+
 @pytest.mark.parametrize("doorbell,spin_us", [("1", "200"), ("0", "200"), ("1", "0")])
 def test_no_wakeup_is_lost_between_spinning_and_sleeping(doorbell, spin_us):
     """Compute threads skip waking an engine that is awake; a post made just

@@ -66,9 +66,11 @@ def test_drain_consumes_pending_rings_and_pokes_without_sleeping():
         deadline = time.monotonic() + 5.0
         while not a.drain():  # the datagram may take a moment on loopback
             assert time.monotonic() < deadline, "the ring never arrived"
+        assert a.take_ring() and not a.take_ring()  # a peer rang: reported once
         a.poke()
         a.poke()
         assert a.drain()  # a poke is there at once
+        assert not a.take_ring()  # pokes are not rings
         assert not a.drain()
         assert not a.wait(0.01)  # nothing left to wake on
     finally:

@@ -304,6 +304,33 @@ elif case == "large_rounds":
             "poll": hvd.api._engine.config.reduce_poll_us})
     hvd.shutdown()
 
+elif case == "rung_receive":
+    # The transport alone, no engine: the last rank sends rank 0 a control
+    # message and rings its doorbell; rank 0, asleep on the bell, must get
+    # the message from one receive call (it may need several probes).
+    from hvd_partial.transport.mpi import TAG_FROM_COORDINATOR, MpiTransport
+
+    transport = MpiTransport(MPI.COMM_WORLD)
+    sender = transport.size - 1
+    in_one_call = 0
+    for i in range(60):
+        transport.barrier()
+        if transport.rank == sender:
+            time.sleep(0.002)  # rank 0 is asleep on its bell by then
+            transport.send(0, TAG_FROM_COORDINATOR, ("start", i))
+            while transport.progress_sends():
+                pass
+        elif transport.rank == 0:
+            assert transport.doorbell.wait(10.0), "the ring never came"
+            got = transport.receive(transport.doorbell.take_ring())
+            in_one_call += bool(got)
+            while not got:
+                got = transport.receive()
+            assert got == [(sender, TAG_FROM_COORDINATOR, ("start", i))], got
+    transport.barrier()
+    report({"in_one_call": in_one_call, "of": 60})
+    transport.free()
+
 elif case == "idle_cpu":
     # An idle engine must leave the CPU to the training thread.
     hvd.init()
