@@ -90,10 +90,8 @@ class MpiTransport:
         there: probe until it shows, up to ``self.rung_probes`` times.
         """
         out = []
-        missed = False
-        probes = self.rung_probes if rung else 0
+        probes = self.rung_probes if rung else 1
         while True:
-            probes -= 1
             handle = self.control.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, self._status)
             if handle is None:
                 # A probe matches what earlier progress brought in, and only
@@ -102,13 +100,12 @@ class MpiTransport:
                 # arrived only to the 2nd probe on 2 ranks, the 3rd on 3 to 4,
                 # the 4th on 6 to 8, the 5th on 12 (ceil(log2(size)) misses).
                 # A rung engine that stopped at the first miss woke for
-                # nothing in half its wake-ups.
+                # nothing in half its wake-ups. (Looking twice on every
+                # receive, rung or not, made solo posts 5% slower.)
+                probes -= 1
                 if out or probes <= 0:
-                    if missed:
-                        return out
-                    missed = True
+                    return out
                 continue
-            missed = False
             source, tag = self._status.Get_source(), self._status.Get_tag()
             out.append((source, tag, handle.recv()))
 
