@@ -12,7 +12,12 @@
     reduced in place, as Horovod's fusion buffer is). Median step time of bare ``Allreduce`` (no engine),
     sync, solo and majority, interleaved like (a). Here the engine's cost is
     what it takes from a step: its hand-over, and the CPU it uses while the
-    training thread computes.
+    training thread computes. Each stream first runs --warmup-steps unmeasured
+    steps (the bare loop too): a training run posts a stream thousands of
+    times, and its first posts fill the stream's buffer pools, each new
+    16 MiB buffer costing 40-100 ms on this project's VM the first time it is
+    written (solo needs some only when a rank first sends zeros, at a random
+    step), which would otherwise dominate a dozen measured steps.
 (b) Injected imbalance: every step takes 20 ms of work (a sleep) and one
     random rank per step (the same on every rank) sleeps 100 ms more. Rounds
     per second of sync, solo and majority, beside the naive ideal (one round
@@ -53,18 +58,18 @@ def iterations_for(n: int) -> int:
     return 200 if n <= 16 * 1024 else (40 if n <= 256 * 1024 else 8)
 
 
-def bare_block(comm, buffers, samples):
+def bare_block(comm, buffers, samples, warmup):
     for label, n in SIZES:
         x, y = buffers[n]
         comm.Barrier()
-        for i in range(iterations_for(n) + 2):
+        for i in range(iterations_for(n) + warmup):
             t = time.perf_counter()
             comm.Allreduce(x, y, op=MPI.SUM)
-            if i >= 2:
+            if i >= warmup:
                 samples[("bare", label)].append(time.perf_counter() - t)
 
 
-def engine_block(block, buffers, samples):
+def engine_block(block, buffers, samples, warmup):
     order = list(MODES)
     for label, n in SIZES:
         x, _ = buffers[n]
@@ -72,25 +77,25 @@ def engine_block(block, buffers, samples):
         rotation = order[block % 3:] + order[:block % 3]
         for mode_name in rotation:
             name = f"{mode_name}-{n}"
-            for i in range(iterations_for(n) + 2):
+            for i in range(iterations_for(n) + warmup):
                 t = time.perf_counter()
                 # op=Sum: the same arithmetic as the bare Allreduce (Average adds a division)
                 hvd.partial_allreduce(x, name, mode=MODES[mode_name], op=hvd.Sum)
-                if i >= 2:  # round 0 registers the stream
+                if i >= warmup:  # round 0 registers the stream; the next ones fill its buffer pools
                     samples[(mode_name, label)].append(time.perf_counter() - t)
             hvd.flush(name)
             hvd.barrier()
 
 
-def balanced(blocks: int):
+def balanced(blocks: int, warmup: int):
     comm = MPI.COMM_WORLD
     buffers = {n: (np.random.default_rng(n).random(n, dtype=np.float32), np.empty(n, np.float32))
                for _, n in SIZES}
     samples = {(m, label): [] for m in ["bare", *MODES] for label, _ in SIZES}
     for block in range(blocks):
-        bare_block(comm, buffers, samples)  # no engine running
+        bare_block(comm, buffers, samples, warmup)  # no engine running
         hvd.init()
-        engine_block(block, buffers, samples)
+        engine_block(block, buffers, samples, warmup)
         hvd.shutdown()
     # the median over every rank's samples
     gathered = comm.gather({k: v for k, v in samples.items()}, root=0)
@@ -121,7 +126,7 @@ class Work:
             self.a @ self.a
 
 
-def step_samples(step_ms: float, blocks: int, steps: int):
+def step_samples(step_ms: float, blocks: int, steps: int, warmup: int):
     comm = MPI.COMM_WORLD
     work = Work(comm, step_ms / 1000)
     grads = {label: np.split(np.random.default_rng(n).random(n, dtype=np.float32), parts)
@@ -145,11 +150,11 @@ def step_samples(step_ms: float, blocks: int, steps: int):
     for block in range(blocks):
         for label, _, _ in STEP_SIZES:  # no engine running
             comm.Barrier()
-            for i in range(steps + 1):
+            for i in range(warmup + steps):
                 t = time.perf_counter()
                 work()
                 bare(label)
-                if i >= 1:
+                if i >= warmup:
                     samples[("bare", label)].append(time.perf_counter() - t)
         hvd.init()
         order = list(MODES)
@@ -157,11 +162,11 @@ def step_samples(step_ms: float, blocks: int, steps: int):
             for mode_name in order[block % 3:] + order[:block % 3]:
                 name = f"step-{mode_name}-{label}"
                 hvd.barrier()
-                for i in range(steps + 1):
+                for i in range(warmup + steps):
                     t = time.perf_counter()
                     work()
                     post(label, name, MODES[mode_name])
-                    if i >= 1:
+                    if i >= warmup:
                         samples[(mode_name, label)].append(time.perf_counter() - t)
                 hvd.flush(name)
         hvd.shutdown()
@@ -222,15 +227,20 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--imbalance-bytes", default="65536,1048576",
                         help="gradient sizes for (b), comma-separated")
+    parser.add_argument("--warmup-calls", type=int, default=10,
+                        help="unmeasured calls per size and block in (a), bare and modes alike")
     parser.add_argument("--skip-balanced", action="store_true")
     parser.add_argument("--work-ms", type=float, default=10.0, help="compute per step in (c), all ranks computing at once")
     parser.add_argument("--step-blocks", type=int, default=4, help="alternating bare/engine blocks for (c)")
     parser.add_argument("--step-count", type=int, default=12, help="steps per mode, size and block in (c)")
+    parser.add_argument("--warmup-steps", type=int, default=30,
+                        help="unmeasured steps per stream (and bare loop) in (c) before the measured ones")
     parser.add_argument("--skip-steps", action="store_true")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
-    table = None if args.skip_balanced else balanced(args.blocks)
-    steps = None if args.skip_steps else step_samples(args.work_ms, args.step_blocks, args.step_count)
+    table = None if args.skip_balanced else balanced(args.blocks, max(1, args.warmup_calls))
+    steps = None if args.skip_steps else step_samples(args.work_ms, args.step_blocks, args.step_count,
+                                                      max(1, args.warmup_steps))
     imbs = {int(b): imbalance(args.steps, args.step_ms / 1000, args.delay_ms / 1000, args.seed, args.max_staleness,
                               int(b)) for b in args.imbalance_bytes.split(",")}
     if comm.Get_rank() != 0:
@@ -240,14 +250,15 @@ def main():
              f"{MPI.Get_library_version().splitlines()[0].strip()}"]
     if table:
         lines.append("")
-        lines.append("(a) balanced: median time per call (ms) and ratios")
+        lines.append(f"(a) balanced: median time per call (ms) and ratios, after {max(1, args.warmup_calls)} unmeasured calls per size")
         lines.append(f"{'size':>8} {'bare':>9} {'sync':>9} {'solo':>9} {'majority':>9} "
                      f"{'sync/bare':>10} {'solo/sync':>10} {'maj/sync':>9}")
         lines += [_ratio_row(table, label, 3) for label, _ in SIZES]
     if steps:
         lines.append("")
         lines.append(f"(c) balanced steps: {args.work_ms:g} ms of compute ({steps['reps']} products of 128x128 "
-                     "matrices, all ranks at once), then one reduction; median step time (ms) and ratios")
+                     f"matrices, all ranks at once), then one reduction; median step time (ms) and ratios, "
+                     f"after {max(1, args.warmup_steps)} unmeasured steps per stream")
         lines.append(f"{'gradient':>8} {'bare':>9} {'sync':>9} {'solo':>9} {'majority':>9} "
                      f"{'sync/bare':>10} {'solo/sync':>10} {'maj/sync':>9}")
         lines += [_ratio_row(steps, label, 2) for label, _, _ in STEP_SIZES]
