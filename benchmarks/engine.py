@@ -14,10 +14,10 @@
     what it takes from a step: its hand-over, and the CPU it uses while the
     training thread computes. Each stream first runs --warmup-steps unmeasured
     steps (the bare loop too): a training run posts a stream thousands of
-    times, and its first posts fill the stream's buffer pools, each new
-    16 MiB buffer costing 40-100 ms on this project's VM the first time it is
-    written (solo needs some only when a rank first sends zeros, at a random
-    step), which would otherwise dominate a dozen measured steps.
+    times, and its first posts fill the stream's buffer pools; on this
+    project's VM the call that first writes a new 16 MiB buffer took 70-140 ms
+    (solo needs some only when a rank first sends zeros, at a random step),
+    which would otherwise dominate a dozen measured steps.
 (b) Injected imbalance: every step takes 20 ms of work (a sleep) and one
     random rank per step (the same on every rank) sleeps 100 ms more. Rounds
     per second of sync, solo and majority, beside the naive ideal (one round
