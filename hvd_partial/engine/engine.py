@@ -612,11 +612,16 @@ class Engine:
         for entry in self._rounds[sid]:
             launch = entry.launch
             if entry.requests is None and launch.send is not None:
-                # A buffer the stream owns is reduced in place and becomes the
-                # result; the caller's arrays are summed into a pooled one.
-                entry.recv = [s if mine else pool.take_one(s.size, s.dtype.name)
-                              for s, mine in zip(launch.send, launch.owned)]
-                entry.requests = [self.transport.iallreduce(comm, s, r) for s, r in zip(launch.send, entry.recv)]
+                # Every reduction is in place: MPI requires MPI_IN_PLACE on all
+                # ranks of an allreduce or on none (Open MPI's libnbc picks
+                # another algorithm for it, and a mixed round failed with
+                # MPI_ERR_TRUNCATE), while whether a rank's send buffer is its
+                # own is a local fact. A buffer the stream owns becomes the
+                # result; the caller's arrays (and the zeros of a rank with
+                # nothing to send) are copied into a pooled one first, which
+                # costs what MPI's own copy into a separate receive buffer does.
+                entry.recv = [s if mine else pool.copy_of(s) for s, mine in zip(launch.send, launch.owned)]
+                entry.requests = [self.transport.iallreduce_in_place(comm, r) for r in entry.recv]
                 entry.started = time.perf_counter()
 
     def _progress_rounds(self) -> bool:

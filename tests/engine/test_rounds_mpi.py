@@ -47,6 +47,21 @@ def test_solo_one_rank_ten_times_slower(nprocs):
         assert initiators and sum(1 for i in initiators if i != slow) > len(initiators) / 2
 
 
+@pytest.mark.parametrize("nprocs", [3, 4])
+def test_solo_large_rounds_mix_fresh_and_staged_contributions(nprocs):
+    """A round sums some ranks' own arrays and other ranks' staged copies
+    (pending from earlier posts), at 160 KB: every reduction must still use
+    the same MPI call on every rank (Open MPI aborted with MPI_ERR_TRUNCATE
+    when some ranks reduced in place and others did not)."""
+    steps, tau, elements = 30, 4, 20000
+    slow = nprocs - 1
+    res = run_mpi("engine_rounds.py", nprocs, "solo", steps, tau, slow, 0.004, 0.04, "none", 0, elements)
+    rounds = check_common(res, nprocs, steps, tau)
+    assert all(res.results[r]["padding_sum"] == 0.0 for r in range(nprocs))
+    # The case in question happened: a round with a fresh and a stale contribution.
+    assert any(0 in s.values() and max(s.values()) > 0 for _, _, _, s, _, _ in rounds)
+
+
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
 def test_majority_same_designated_initiators_everywhere(nprocs):
     steps, tau, seed = 10, 3, 11

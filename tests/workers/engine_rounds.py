@@ -2,7 +2,10 @@
 reports every round taken, so the test can check conservation, consistency,
 staleness and the mode's rules across ranks.
 
-usage: engine_rounds.py MODE STEPS TAU SLOW_RANK FAST_S SLOW_S [QUORUM] [SEED]
+usage: engine_rounds.py MODE STEPS TAU SLOW_RANK FAST_S SLOW_S [QUORUM] [SEED] [ELEMENTS]
+
+ELEMENTS pads the posted array (zeros past the one-hot part) to that many
+float64 elements.
 """
 
 import sys
@@ -18,18 +21,20 @@ mode_name, steps, tau, slow_rank, fast_s, slow_s = sys.argv[1:7]
 steps, tau, slow_rank, fast_s, slow_s = int(steps), int(tau), int(slow_rank), float(fast_s), float(slow_s)
 quorum = int(sys.argv[7]) if len(sys.argv) > 7 and sys.argv[7] != "none" else None
 seed = int(sys.argv[8]) if len(sys.argv) > 8 else 0
+elements = int(sys.argv[9]) if len(sys.argv) > 9 else 0
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 mode = hvd.mode_from_name(mode_name, seed=seed, quorum=quorum)
 total = size * steps
+length = max(total, elements)
 taken = []
 rounds_per_post = []
 phase("posting")
 started = time.perf_counter()
 for step in range(steps):
     time.sleep(slow_s if rank == slow_rank else fast_s)
-    grad = np.zeros(total)
+    grad = np.zeros(length)
     grad[rank * steps + step] = 1.0
     results = hvd.partial_allreduce(grad, "grads", mode=mode, op=hvd.Sum, max_staleness=tau)
     rounds_per_post.append(len(results))
@@ -40,11 +45,14 @@ phase("flush")
 taken_before_flush = len(taken)
 taken += hvd.flush("grads")
 summed = np.sum([r.array for r in taken], axis=0)
+padding_sum = float(summed[total:].sum())
+summed = summed[:total]
 stats = hvd.stats()["grads"]
 report({
     "rounds": [[r.round, r.initiator, r.contributors, {str(k): v for k, v in r.staleness.items()},
                 digest([r.array]), r.flush] for r in taken],
     "summed": summed,
+    "padding_sum": padding_sum,
     "rounds_per_post": rounds_per_post,
     "post_seconds": post_seconds,
     "taken_before_flush": taken_before_flush,
