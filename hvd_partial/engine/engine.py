@@ -129,8 +129,9 @@ class Engine:
         self._by_id: dict[int, RankStream] = {}
         self._held: dict[str, Waiter] = {}  # first posts waiting for registration
         self._held_commands: dict[str, PostCommand] = {}
-        self._comms: dict[int, Any] = {}
-        self._comm_requests: dict[int, Any] = {}
+        self._comms: dict[int, Any] = {}  # stream id -> its communicator, once duplicated
+        self._awaiting_comm: deque = deque()  # stream ids, in registration order
+        self._duplicating: tuple | None = None  # (stream id, communicator, request)
         self._rounds: dict[int, deque] = {}
         self._pools: dict[int, BufferPool] = {}
         self._local_inbox: deque = deque()  # rank 0: the coordinator's messages to itself
@@ -240,10 +241,12 @@ class Engine:
         (collective: every rank frees them in stream order)."""
         if self._thread.is_alive() or self.failure is not None:
             return
+        if self._duplicating is not None:
+            sid, comm, request = self._duplicating
+            request.Wait()
+            self._comms[sid] = comm
+            self._duplicating = None
         for sid in sorted(self._comms):
-            request = self._comm_requests.get(sid)
-            if request is not None:
-                request.Wait()
             self._comms[sid].Free()
         self._comms.clear()
 
@@ -432,6 +435,8 @@ class Engine:
         while self._local_inbox:
             self._from_coordinator(self._local_inbox.popleft())
             worked = True
+        if self._duplicating is not None or self._awaiting_comm:
+            worked |= self._progress_comms()
         worked |= self._progress_rounds()
         worked |= self._progress_helpers()
         if self._leaving:
@@ -573,9 +578,7 @@ class Engine:
         stream = self._streams[message.name]
         stream.id = message.stream
         self._by_id[message.stream] = stream
-        comm, request = self.transport.new_stream_comm()
-        self._comms[message.stream] = comm
-        self._comm_requests[message.stream] = request
+        self._awaiting_comm.append(message.stream)
         self._rounds[message.stream] = deque()
         self._pools[message.stream] = BufferPool()
         waiter = self._held.pop(message.name)
@@ -601,13 +604,31 @@ class Engine:
         self._rounds[stream.id].append(_RoundEntry(launch))
         self._start_entries(stream.id)
 
-    def _start_entries(self, sid: int) -> None:
-        request = self._comm_requests.get(sid)
-        if request is not None:
+    def _progress_comms(self) -> bool:
+        """Duplicate the streams' communicators one at a time, in registration
+        order (the same on every rank). With several duplications of one
+        communicator in flight at once, Open MPI deadlocked or failed with
+        MPI_ERR_INTERN in most runs of the many-streams test."""
+        worked = False
+        if self._duplicating is not None:
+            sid, comm, request = self._duplicating
             if not request.Test():
-                return
-            self._comm_requests[sid] = None
-        comm = self._comms[sid]
+                return False
+            self._duplicating = None
+            self._comms[sid] = comm
+            self._start_entries(sid)
+            worked = True
+        if self._awaiting_comm:
+            sid = self._awaiting_comm.popleft()
+            comm, request = self.transport.new_stream_comm()
+            self._duplicating = (sid, comm, request)
+            worked = True
+        return worked
+
+    def _start_entries(self, sid: int) -> None:
+        comm = self._comms.get(sid)
+        if comm is None:  # still being duplicated
+            return
         pool = self._pools[sid]
         for entry in self._rounds[sid]:
             launch = entry.launch
@@ -629,8 +650,6 @@ class Engine:
         for sid, queue in self._rounds.items():
             if not queue:
                 continue
-            if self._comm_requests.get(sid) is not None:
-                self._start_entries(sid)
             while queue:
                 entry = queue[0]
                 if entry.launch.send is not None:
