@@ -29,7 +29,7 @@ def before_flush(result, nprocs):
     return min(result.results[r]["taken_before_flush"] for r in range(nprocs))
 
 
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5])
 def test_solo_one_rank_ten_times_slower(nprocs):
     steps, tau = 12, 4
     slow = nprocs - 1
@@ -62,7 +62,7 @@ def test_solo_large_rounds_mix_fresh_and_staged_contributions(nprocs):
     assert any(0 in s.values() and max(s.values()) > 0 for _, _, _, s, _, _ in rounds)
 
 
-@pytest.mark.parametrize("nprocs", [2, 3, 4])
+@pytest.mark.parametrize("nprocs", [2, 3, 4, 6])
 def test_majority_same_designated_initiators_everywhere(nprocs):
     steps, tau, seed = 10, 3, 11
     res = run_mpi("engine_rounds.py", nprocs, "majority", steps, tau, 0, 0.003, 0.012, "none", seed)

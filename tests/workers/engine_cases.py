@@ -37,7 +37,7 @@ elif case == "sync_equals_allreduce":
     hvd.init()
     rank = hvd.rank()
     rng = np.random.default_rng(100 + rank)
-    same, same_nonblocking, close, ints = True, True, True, True
+    same, same_nonblocking, same_in_place, close, ints = True, True, True, True, True
     for step, n in enumerate([1, 7, 1000, 70_000]):
         for dtype in (np.float32, np.float64):
             x = rng.standard_normal(n).astype(dtype)
@@ -45,11 +45,15 @@ elif case == "sync_equals_allreduce":
             MPI.COMM_WORLD.Allreduce(x, expected, op=MPI.SUM)
             nonblocking = np.empty_like(x)
             MPI.COMM_WORLD.Iallreduce(x, nonblocking, op=MPI.SUM).Wait()
+            in_place = x.copy()
+            MPI.COMM_WORLD.Iallreduce(MPI.IN_PLACE, in_place, op=MPI.SUM).Wait()
             (got,) = hvd.partial_allreduce(x, f"s{n}{np.dtype(dtype).name}", mode=hvd.Sync(), op=hvd.Sum)
             avg = hvd.partial_allreduce(x, f"a{n}{np.dtype(dtype).name}", mode=hvd.Sync())[0].array
             same &= bool(np.array_equal(got.array, expected))
             same_nonblocking &= bool(np.array_equal(got.array, nonblocking))
             same_nonblocking &= bool(np.array_equal(avg, nonblocking / hvd.size()))
+            same_in_place &= bool(np.array_equal(got.array, in_place))
+            same_in_place &= bool(np.array_equal(avg, in_place / hvd.size()))
             close &= bool(np.allclose(got.array, expected, rtol=1e-5, atol=1e-5))
         k = rng.integers(-1000, 1000, n).astype(np.int64)
         k_expected = np.empty_like(k)
@@ -57,8 +61,8 @@ elif case == "sync_equals_allreduce":
         ints &= bool(np.array_equal(hvd.partial_allreduce(k, f"i{n}", mode=hvd.Sync(), op=hvd.Sum)[0].array,
                                     k_expected))
     helper = hvd.allreduce(np.arange(5.0) * (rank + 1), op=hvd.Sum)
-    report({"same": same, "same_nonblocking": same_nonblocking, "close": close, "ints": ints, "helper": helper,
-            "library": MPI.Get_library_version().split()[0]})
+    report({"same": same, "same_nonblocking": same_nonblocking, "same_in_place": same_in_place, "close": close,
+            "ints": ints, "helper": helper, "library": MPI.Get_library_version().split()[0]})
     hvd.shutdown()
 
 elif case == "grouped":
