@@ -51,7 +51,9 @@ _was_shut_down = False
 def init(comm=None, **config) -> None:
     """Start hvd_partial on this process (collective over ``comm``).
 
-    ``comm`` is an mpi4py communicator (default ``MPI.COMM_WORLD``); keyword
+    ``comm`` is an mpi4py intracommunicator (default ``MPI.COMM_WORLD``);
+    its ranks are hvd_partial's world (``rank()``, ``size()``, every stream
+    and helper), so the parts of a ``Split`` run independently. Keyword
     arguments set :class:`~hvd_partial.config.Config` fields and win over
     ``HVD_PARTIAL_*`` environment variables. Calling ``init`` again while
     initialized does nothing.

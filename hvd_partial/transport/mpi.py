@@ -16,7 +16,7 @@ import pickle
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import EngineError
+from ..errors import ConfigError, EngineError
 from .doorbell import Doorbell
 
 log = logging.getLogger("hvd_partial.transport")
@@ -38,11 +38,28 @@ def thread_level_name(level: int) -> str:
         level, str(level))
 
 
+def check_communicator(comm) -> None:
+    """Raise ConfigError unless ``comm`` is an intracommunicator this process
+    belongs to: what a rank left out of ``Split`` gets (``MPI.COMM_NULL``) and
+    anything else would otherwise fail inside MPI with a bare error stack."""
+    world = MPI.COMM_WORLD.Get_rank()
+    if not isinstance(comm, MPI.Comm):
+        raise ConfigError(f"init(comm=...) on world rank {world}: expected an mpi4py communicator, "
+                          f"got {type(comm).__name__}")
+    if comm == MPI.COMM_NULL:
+        raise ConfigError(f"init(comm=MPI.COMM_NULL) on world rank {world}: this process is not in the "
+                          "communicator (Split with MPI.UNDEFINED?); call init only on its members")
+    if comm.Is_inter():
+        raise ConfigError(f"init(comm=...) on world rank {world}: an intercommunicator; "
+                          "pass an intracommunicator (Merge it first)")
+
+
 class MpiTransport:
     """Point-to-point control messages and nonblocking collectives over MPI."""
 
     def __init__(self, comm=None, doorbell: bool = True):
         comm = MPI.COMM_WORLD if comm is None else comm
+        check_communicator(comm)
         level = MPI.Query_thread()
         if level < MPI.THREAD_SERIALIZED:
             raise EngineError(

@@ -1,5 +1,6 @@
 """Bad input, helpers and failures under mpiexec: clear errors on every rank, no hangs."""
 
+import numpy as np
 import pytest
 
 from mpi_run import run_mpi
@@ -30,6 +31,27 @@ def test_sync_equals_plain_mpi_allreduce_bitwise(nprocs):
             assert rep["close"], f"rank {rank}: sync result differs from MPI.Allreduce beyond rounding"
         total = sum(r + 1 for r in range(nprocs))
         assert rep["helper"] == [i * total for i in range(5)]
+
+
+def test_init_on_sub_communicators_runs_independent_worlds():
+    """init(comm) with a split of COMM_WORLD: each part is a world of its own
+    (ranks, helpers, rounds), and a rank left out of the split gets a clear
+    error, not an MPI error stack."""
+    res = run_mpi("engine_cases.py", 5, "sub_communicators")
+    left_out = res.results[4]
+    assert left_out["null"].startswith("ConfigError") and "COMM_NULL) on world rank 4" in left_out["null"]
+    assert "expected an mpi4py communicator, got int" in left_out["not_comm"]
+    assert left_out["initialized"] is False
+    for world in range(4):
+        rep = res.results[world]
+        members = [world % 2, world % 2 + 2]
+        assert (rep["rank"], rep["size"], rep["members"]) == (members.index(world), 2, members)
+        assert rep["bcast"] == members[1]
+        expected = np.zeros(4 * 6)
+        for member in members:
+            expected[member * 6:(member + 1) * 6] = 1.0
+        assert rep["summed"] == expected.tolist(), f"world rank {world}: lost, doubled or foreign contributions"
+        assert rep["rounds"] == res.results[members[0]]["rounds"], f"world rank {world}: other rounds than its peer"
 
 
 def test_shut_down_engines_are_freed_without_the_garbage_collector():

@@ -214,6 +214,29 @@ elif case == "many_streams":
     report({"sums": {n: sums[n] for n in names}, "posted": {n: posted[n] for n in names}})
     hvd.shutdown()
 
+elif case == "sub_communicators":
+    # Two independent worlds on one job, split from COMM_WORLD with
+    # interleaved members ({0, 2} and {1, 3}); rank 4 is in neither.
+    world = MPI.COMM_WORLD.Get_rank()
+    sub = MPI.COMM_WORLD.Split(MPI.UNDEFINED if world == 4 else world % 2, key=world)
+    if world == 4:
+        report({"null": expect(hvd.ConfigError, hvd.init, sub), "not_comm": expect(hvd.ConfigError, hvd.init, 7),
+                "initialized": hvd.is_initialized()})
+    else:
+        hvd.init(sub)
+        got = []
+        for step in range(6):
+            x = np.zeros(4 * 6)
+            x[world * 6 + step] = 1.0
+            got += hvd.partial_allreduce(x, "g", mode=hvd.Solo(), op=hvd.Sum)
+            time.sleep(0.02 * hvd.rank())  # the second member of each world is slower
+        got += hvd.flush("g")
+        report({"rank": hvd.rank(), "size": hvd.size(), "members": hvd.allgather_object(world),
+                "summed": np.sum([r.array for r in got], axis=0),
+                "rounds": [[r.round, r.contributors, r.array.tolist()] for r in got],
+                "bcast": hvd.broadcast_object(world, root_rank=1)})
+        hvd.shutdown()
+
 elif case == "no_leak":
     # A shut-down engine, with its result buffers, is freed at once, not
     # left for a full garbage collection (which may never come).
