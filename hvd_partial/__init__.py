@@ -15,7 +15,7 @@ from .config import Config
 from .core.round_result import RoundResult
 from .engine.handle import Handle
 from .errors import (ConfigError, EngineError, HvdPartialError, MismatchError, NotInitializedError, RankFailedError,
-                     StreamConflictError, UnsupportedInputError)
+                     StreamConflictError, TooManyStreamsError, UnsupportedInputError)
 from .modes import Average, Majority, ReduceOp, Solo, Sum, Sync, mode_from_name
 from .observe.stall import StalledRankError
 
@@ -27,5 +27,5 @@ __all__ = [
     "flush", "default_mode", "stream_options", "allreduce", "broadcast", "broadcast_object", "allgather_object", "barrier", "stats",
     "Sync", "Solo", "Majority", "Average", "Sum", "ReduceOp", "mode_from_name", "RoundResult", "Handle", "Config",
     "HvdPartialError", "NotInitializedError", "ConfigError", "UnsupportedInputError", "StreamConflictError",
-    "MismatchError", "RankFailedError", "StalledRankError", "EngineError", "__version__",
+    "MismatchError", "RankFailedError", "StalledRankError", "TooManyStreamsError", "EngineError", "__version__",
 ]

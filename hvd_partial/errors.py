@@ -54,5 +54,15 @@ class RankFailedError(HvdPartialError):
         super().__init__(f"{who} failed: {reason}")
 
 
+class TooManyStreamsError(HvdPartialError):
+    """MPI could not create a new stream's communicator.
+
+    Every stream holds an MPI communicator of its own, and an MPI library
+    allows only so many at once (MPICH about 2,000). Reduce many arrays as
+    one stream with ``grouped_partial_allreduce_async``. The engine stops:
+    later calls raise this error too.
+    """
+
+
 class EngineError(HvdPartialError):
     """The background engine hit an internal error; the message says which."""

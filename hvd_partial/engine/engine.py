@@ -27,7 +27,7 @@ from ..core.messages import (Closed, Failure, Flush, Goodbye, Heartbeat, Post, R
                              Start, StreamSignature)
 from ..core.rank_stream import Launch, RankStream, Waiter
 from ..errors import (EngineError, HvdPartialError, MismatchError, NotInitializedError, RankFailedError,
-                      StreamConflictError)
+                      StreamConflictError, TooManyStreamsError)
 from ..modes import ReduceOp
 from ..transport.mpi import TAG_FAILURE, TAG_FROM_COORDINATOR, TAG_HEARTBEAT, TAG_TO_COORDINATOR
 from .handle import Handle
@@ -326,6 +326,9 @@ class Engine:
                     if not self._commands:
                         self._wake.acquire(timeout=min(poll_max, 2e-5 * idle))
                     self._asleep = False
+        except TooManyStreamsError as exc:  # a limit the user can act on, not a crash
+            self._fail(exc, notify=True, local=True)
+            self._drain_failure_notices()
         except BaseException as exc:  # the engine must never die silently
             log.exception("hvd_partial engine of rank %d crashed", self.rank)
             self._fail(EngineError(f"engine of rank {self.rank} crashed: {exc!r}"), notify=True)
@@ -610,19 +613,27 @@ class Engine:
         communicator in flight at once, Open MPI deadlocked or failed with
         MPI_ERR_INTERN in most runs of the many-streams test."""
         worked = False
-        if self._duplicating is not None:
-            sid, comm, request = self._duplicating
-            if not request.Test():
-                return False
-            self._duplicating = None
-            self._comms[sid] = comm
-            self._start_entries(sid)
-            worked = True
-        if self._awaiting_comm:
-            sid = self._awaiting_comm.popleft()
-            comm, request = self.transport.new_stream_comm()
-            self._duplicating = (sid, comm, request)
-            worked = True
+        sid = None
+        try:
+            if self._duplicating is not None:
+                sid, comm, request = self._duplicating
+                if not self.transport.stream_comm_ready(request):
+                    return False
+                self._duplicating = None
+                self._comms[sid] = comm
+                self._start_entries(sid)
+                worked = True
+            if self._awaiting_comm:
+                sid = self._awaiting_comm.popleft()
+                comm, request = self.transport.new_stream_comm()
+                self._duplicating = (sid, comm, request)
+                worked = True
+        except TooManyStreamsError as err:
+            raise TooManyStreamsError(
+                f"MPI could not create a communicator for stream {self._by_id[sid].name!r} (stream number "
+                f"{len(self._comms) + 1}) on rank {self.rank}: {err}. Every stream holds an MPI communicator of its "
+                "own and MPI allows only so many (MPICH about 2,000): reduce many arrays as one stream with "
+                "grouped_partial_allreduce_async") from err
         return worked
 
     def _start_entries(self, sid: int) -> None:

@@ -16,7 +16,7 @@ import pickle
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import ConfigError, EngineError
+from ..errors import ConfigError, EngineError, TooManyStreamsError
 from .doorbell import Doorbell
 
 log = logging.getLogger("hvd_partial.transport")
@@ -52,6 +52,10 @@ def check_communicator(comm) -> None:
     if comm.Is_inter():
         raise ConfigError(f"init(comm=...) on world rank {world}: an intercommunicator; "
                           "pass an intracommunicator (Merge it first)")
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [repr(err)])[0].removesuffix(", error stack:")
 
 
 class MpiTransport:
@@ -146,7 +150,19 @@ class MpiTransport:
 
     def new_stream_comm(self):
         """Start duplicating a communicator for a new stream: (comm, request)."""
-        return self.factory.Idup()
+        try:
+            return self.factory.Idup()
+        except MPI.Exception as err:
+            raise TooManyStreamsError(_first_line(err)) from err
+
+    @staticmethod
+    def stream_comm_ready(request) -> bool:
+        """Whether a duplication started by ``new_stream_comm`` is done. MPICH
+        reports running out of communicators here, as an "Other MPI error"."""
+        try:
+            return request.Test()
+        except MPI.Exception as err:
+            raise TooManyStreamsError(_first_line(err)) from err
 
     @staticmethod
     def iallreduce_in_place(comm, buffer: np.ndarray):

@@ -54,6 +54,24 @@ def test_init_on_sub_communicators_runs_independent_worlds():
         assert rep["rounds"] == res.results[members[0]]["rounds"], f"world rank {world}: other rounds than its peer"
 
 
+def test_running_out_of_stream_communicators_is_a_clear_error():
+    """Every stream holds an MPI communicator; where the MPI runs out (MPICH
+    at about 2,040), every rank gets TooManyStreamsError naming the stream
+    and the way out, not an engine crash, and shuts down cleanly."""
+    streams = 2200
+    res = run_mpi("engine_cases.py", 2, "too_many_streams", streams)
+    for rank, rep in res.results.items():
+        if rep["failed_at"] is None:  # Open MPI: 3,000 streams worked here
+            assert rep["library"] != "MPICH", "MPICH gave 2,200 communicators"
+            continue
+        assert rep["failed_at"] > 1000, rep
+        assert rep["error"].startswith("TooManyStreamsError"), rep["error"]
+        assert f"stream 'tensor{rep['failed_at']}'" in rep["error"] and f"on rank {rank}" in rep["error"]
+        assert "grouped_partial_allreduce_async" in rep["error"]
+        assert "TooManyStreamsError" in rep["later"]
+    assert len({rep["failed_at"] for rep in res.results.values()}) == 1
+
+
 def test_shut_down_engines_are_freed_without_the_garbage_collector():
     res = run_mpi("engine_cases.py", 2, "no_leak")
     for rank, rep in res.results.items():

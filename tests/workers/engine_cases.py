@@ -237,6 +237,21 @@ elif case == "sub_communicators":
                 "bcast": hvd.broadcast_object(world, root_rank=1)})
         hvd.shutdown()
 
+elif case == "too_many_streams":
+    # One stream per array, thousands of them: each holds a communicator, and
+    # MPI runs out of them (MPICH after about 2,040).
+    hvd.init()
+    out = {"library": MPI.Get_library_version().split()[0], "failed_at": None}
+    for i in range(int(sys.argv[2])):
+        try:
+            hvd.partial_allreduce(np.ones(1, np.float32), f"tensor{i}", mode=hvd.Sync())
+        except hvd.HvdPartialError as err:
+            out.update(failed_at=i, error=f"{type(err).__name__}: {err}",
+                       later=expect(hvd.HvdPartialError, hvd.partial_allreduce, np.ones(1), "x"))
+            break
+    hvd.shutdown()
+    report(out)
+
 elif case == "no_leak":
     # A shut-down engine, with its result buffers, is freed at once, not
     # left for a full garbage collection (which may never come).
