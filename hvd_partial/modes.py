@@ -14,6 +14,8 @@ import hashlib
 from dataclasses import dataclass
 from enum import Enum
 
+from .errors import ConfigError
+
 
 class ReduceOp(Enum):
     """How a round's contributions are combined."""
@@ -83,7 +85,7 @@ class Majority(Mode):
         if not isinstance(self.seed, int):
             raise TypeError(f"Majority seed must be an int, got {self.seed!r}")
         if self.quorum is not None and (not isinstance(self.quorum, int) or self.quorum < 1):
-            raise ValueError(f"Majority quorum must be a positive int or None, got {self.quorum!r}")
+            raise ConfigError(f"Majority quorum must be a positive int or None, got {self.quorum!r}")
 
     def describe(self) -> tuple:
         return (self.kind, self.seed, self.quorum)
@@ -109,4 +111,4 @@ def mode_from_name(name: str, seed: int = 0, quorum: int | None = None) -> Mode:
         return Solo()
     if key == "majority":
         return Majority(seed=seed, quorum=quorum)
-    raise ValueError(f"unknown mode {name!r}: expected sync, solo or majority")
+    raise ConfigError(f"unknown mode {name!r}: expected sync, solo or majority")

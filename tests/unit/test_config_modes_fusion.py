@@ -50,10 +50,11 @@ def test_designated_initiator_is_identical_across_processes_and_varies():
 
 def test_mode_names_and_validation():
     assert mode_from_name("Majority", seed=2, quorum=3) == Majority(seed=2, quorum=3)
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError, match="unknown mode 'eager'"):
         mode_from_name("eager")
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError, match="quorum must be a positive int"):
         Majority(quorum=0)
+    assert issubclass(ConfigError, ValueError)  # what code written against ValueError still catches
 
 
 def test_layout_packs_by_dtype_and_unpacks_views():
