@@ -15,7 +15,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..modes import designated_initiator
-from .messages import Closed, Flush, Goodbye, Post, Register, Registered, Rejected, Start, StreamSignature
+from .messages import (Closed, Flush, FlushBegun, Goodbye, Post, Register, Registered, Rejected, Start,
+                       StreamSignature)
 
 
 @dataclass
@@ -142,10 +143,15 @@ class Coordinator:
     def on_flush(self, msg: Flush) -> list:
         state = self.streams[msg.stream]
         view = state.views[msg.rank]
+        out: list = []
+        if state.kind == "sync" and not any(v.flushing for v in state.views):
+            # The ranks must all have posted as often (msg.taken rounds): tell
+            # them, so that one which posted more fails rather than waits.
+            out.append(FlushBegun(state.id, msg.rank, msg.taken))
         view.taken = max(view.taken, msg.taken)
         view.waiting = False
         view.flushing = True
-        return self._maybe_start(state, trigger=None) + self._maybe_close()
+        return out + self._maybe_start(state, trigger=None) + self._maybe_close()
 
     def on_goodbye(self, msg: Goodbye) -> list:
         """A rank shuts down; once all have, and every flush round has started,

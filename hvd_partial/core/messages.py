@@ -102,6 +102,18 @@ class Rejected:
 
 
 @dataclass(frozen=True)
+class FlushBegun:
+    """The first rank to flush sync stream ``stream`` did so after ``rounds``
+    rounds. Sync rounds need every rank, so no rank may start round
+    ``rounds`` of it before the flush round: one that has, or tries to, posted
+    more often than ``rank`` (a mismatch that would otherwise hang)."""
+
+    stream: int
+    rank: int
+    rounds: int
+
+
+@dataclass(frozen=True)
 class Closed:
     """Every rank said goodbye and every flush round has started."""
 

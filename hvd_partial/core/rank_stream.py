@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import StreamConflictError
+from ..errors import MismatchError, StreamConflictError
 from ..modes import ReduceOp
 from .buffer_pool import BufferPool
 from .fusion import Layout
-from .messages import Flush, Post, Start
+from .messages import Flush, FlushBegun, Post, Start
 from .round_result import RoundResult
 
 
@@ -94,6 +94,8 @@ class RankStream:
         self._staging = BufferPool()  # copies of pending data, sums of several posts
         # rank -> last post it summed in the latest completed round (for the coordinator)
         self.last_included: dict[int, int] = {}
+        # Sync streams: set while some rank flushes (FlushBegun), until the flush round.
+        self.flush_begun: FlushBegun | None = None
 
     # -- compute-thread requests (run on the engine thread) ---------------------
 
@@ -108,6 +110,8 @@ class RankStream:
         coordinator (or None), a sync round to launch (or None), and whether
         ``waiter`` is already satisfied."""
         self.check_idle()
+        if self.sync and self.flush_begun is not None:
+            raise MismatchError(self._unequal_posts(self.started))
         if isinstance(owned, bool):
             owned = [owned] * len(buffers)
         self.seq += 1
@@ -140,9 +144,24 @@ class RankStream:
 
     # -- engine events ----------------------------------------------------------
 
+    def on_flush_begun(self, notice: FlushBegun) -> str | None:
+        """A rank began flushing this sync stream. Returns what is wrong if
+        this rank already started a round that rank will never join."""
+        self.flush_begun = notice
+        if self.started > notice.rounds:
+            return self._unequal_posts(notice.rounds)
+        return None
+
+    def _unequal_posts(self, round_number: int) -> str:
+        notice = self.flush_begun
+        return (f"sync stream {self.name!r}: rank {notice.rank} began flushing it after {notice.rounds} rounds, "
+                f"but rank {self.rank} posted round {round_number}; every rank must post to a sync stream "
+                f"equally often (solo and majority streams allow uneven posts)")
+
     def on_start(self, start: Start) -> Launch:
         """The coordinator started a round (or a sync stream's flush round)."""
         if start.round is None:  # flush of a sync stream: a round with no contributors
+            self.flush_begun = None
             launch = Launch(self.started, None, start)
             self.started += 1
             return launch

@@ -23,8 +23,8 @@ from ..config import Config
 from ..core.buffer_pool import BufferPool
 from ..core.coordinator import Coordinator
 from ..core.fusion import Layout
-from ..core.messages import (Closed, Failure, Flush, Goodbye, Heartbeat, Post, Register, Registered, Rejected,
-                             Start, StreamSignature)
+from ..core.messages import (Closed, Failure, Flush, FlushBegun, Goodbye, Heartbeat, Post, Register, Registered,
+                             Rejected, Start, StreamSignature)
 from ..core.rank_stream import Launch, RankStream, Waiter
 from ..errors import (EngineError, HvdPartialError, MismatchError, NotInitializedError, RankFailedError,
                       StreamConflictError, TooManyStreamsError)
@@ -572,6 +572,12 @@ class Engine:
             self._registered(message)
         elif isinstance(message, Rejected):
             self._rejected(message)
+        elif isinstance(message, FlushBegun):
+            problem = self._by_id[message.stream].on_flush_begun(message)
+            if problem is not None:
+                # A round of this stream is in flight that the flushing rank
+                # will never join; MPI cannot cancel it, so the engine stops.
+                self._fail(MismatchError(problem), notify=True, local=True)
         elif isinstance(message, Closed):
             self._closed = True
         else:  # pragma: no cover

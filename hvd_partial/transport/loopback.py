@@ -26,7 +26,7 @@ import numpy as np
 
 from ..core.coordinator import Coordinator
 from ..core.fusion import Layout
-from ..core.messages import Register, Registered, Rejected, Start, StreamSignature
+from ..core.messages import FlushBegun, Register, Registered, Rejected, Start, StreamSignature
 from ..core.rank_stream import Launch, RankStream, Waiter
 from ..core.round_result import RoundResult
 from ..modes import Mode, ReduceOp
@@ -142,6 +142,10 @@ class LoopbackWorld:
                 self._post_registered(j, buffers, owned, waiter, registered=False)
             elif isinstance(msg, Rejected):
                 raise AssertionError(msg.reason)
+            elif isinstance(msg, FlushBegun):
+                problem = rank.stream.on_flush_begun(msg)
+                if problem is not None:
+                    raise AssertionError(problem)
             else:
                 self._join(j, rank.stream.on_start(msg))
         elif kind == "complete":

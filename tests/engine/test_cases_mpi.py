@@ -72,6 +72,30 @@ def test_running_out_of_stream_communicators_is_a_clear_error():
     assert len({rep["failed_at"] for rep in res.results.values()}) == 1
 
 
+def test_sync_stream_posted_more_often_on_some_ranks_fails_instead_of_hanging():
+    """A sync round needs every rank: a rank that posts once more than a rank
+    which began flushing is told so (MismatchError), never left waiting. A
+    post made after the flush began is refused before it starts any MPI call,
+    so the rank can still flush; a round already in flight cannot be undone,
+    so every rank fails, naming it."""
+    late = run_mpi("engine_cases.py", 3, "sync_uneven", "late")
+    for rank, rep in late.results.items():
+        assert rep.get("shutdown"), f"rank {rank}: {rep}"
+        assert rep["rounds"] == [0, 1, 2, 3] and rep["summed"] == [9.0, 9.0]  # 3 rounds of 3 ranks, then the flush
+        if rank:
+            assert rep["extra"].startswith("MismatchError"), rep
+            assert "rank 0 began flushing it after 3 rounds" in rep["extra"] and f"rank {rank} posted round 3" \
+                in rep["extra"]
+    stuck = run_mpi("engine_cases.py", 3, "sync_uneven", "in_flight", timeout=60, expect_success=False)
+    assert stuck.elapsed < 30, "the in-flight mismatch was found by a timeout, not at once"
+    for rank, rep in stuck.results.items():
+        assert "rank 0 began flushing it after 3 rounds" in rep["error"], rep
+        if rank:
+            assert rep["extra"].startswith("MismatchError") and f"rank {rank} posted round 3" in rep["extra"]
+        else:
+            assert rep["error"].startswith("RankFailedError")
+
+
 def test_shut_down_engines_are_freed_without_the_garbage_collector():
     res = run_mpi("engine_cases.py", 2, "no_leak")
     for rank, rep in res.results.items():

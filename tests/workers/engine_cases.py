@@ -252,6 +252,34 @@ elif case == "too_many_streams":
     hvd.shutdown()
     report(out)
 
+elif case == "sync_uneven":
+    # Rank 0 posts 3 times to a sync stream, the others 4 times. "late": the
+    # 4th posts come after rank 0 began flushing and are refused; "in_flight":
+    # they come first, so their round can never complete.
+    timing = sys.argv[2]
+    hvd.init()
+    rank = hvd.rank()
+    got = [r for _ in range(3) for r in hvd.partial_allreduce(np.ones(2), "g", mode=hvd.Sync(), op=hvd.Sum)]
+    out = {"rounds": [r.round for r in got]}
+    try:
+        if rank == 0:
+            if timing == "in_flight":
+                time.sleep(0.5)
+            got += hvd.flush("g")
+        else:
+            if timing == "late":
+                time.sleep(0.5)
+            out["extra"] = expect(hvd.MismatchError, hvd.partial_allreduce, np.ones(2), "g", mode=hvd.Sync(),
+                                  op=hvd.Sum)
+            got += hvd.flush("g")  # the way out once refused: flush like rank 0
+        out["rounds"] = [r.round for r in got]
+        out["summed"] = np.sum([r.array for r in got], axis=0)
+        hvd.shutdown()
+        out["shutdown"] = True
+    except hvd.HvdPartialError as err:
+        out["error"] = f"{type(err).__name__}: {err}"
+    report(out)
+
 elif case == "no_leak":
     # A shut-down engine, with its result buffers, is freed at once, not
     # left for a full garbage collection (which may never come).

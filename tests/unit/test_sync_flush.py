@@ -1,0 +1,80 @@
+"""Sync streams posted unequally often: the first rank to flush tells the
+others how many rounds it took (FlushBegun), so that a rank which posted, or
+posts, once more fails at once instead of waiting for a round nobody joins.
+Pure core, on the loopback world."""
+
+import numpy as np
+import pytest
+
+from hvd_partial.core.fusion import Layout
+from hvd_partial.core.messages import FlushBegun
+from hvd_partial.errors import MismatchError
+from hvd_partial.modes import Solo, Sum, Sync
+from hvd_partial.transport.loopback import LoopbackWorld
+
+
+def _world(mode, size=3):
+    return LoopbackWorld(size, mode, Sum, 4, Layout.of([np.zeros(2)]))
+
+
+def _post_all(world, times=1):
+    for _ in range(times):
+        for j in range(world.world_size):
+            world.post(j, [np.ones(2)])
+        world.run_communication()
+
+
+def _notices(world):
+    return [m for r in world.ranks for m in r.inbox if isinstance(m, FlushBegun)]
+
+
+def test_a_post_after_another_rank_began_flushing_is_refused_and_flushing_recovers():
+    world = _world(Sync())
+    _post_all(world, times=2)
+    world.flush(0)
+    world.run_communication()
+    with pytest.raises(MismatchError, match=r"rank 0 began flushing it after 2 rounds, but rank 1 posted round 2"):
+        world.post(1, [np.ones(2)])
+    world.flush(1)
+    world.flush(2)
+    world.run_communication()
+    for j in range(3):
+        rounds = world.results(j)
+        assert [r.round for r in rounds] == [0, 1, 2] and rounds[-1].flush
+        assert sum(r.array.sum() for r in rounds) == 2 * 3 * 2  # the refused post added nothing
+    # The next flush epoch starts clean: equal posts, then a flush, work again.
+    _post_all(world)
+    for j in (2, 0, 1):
+        world.flush(j)
+    world.run_communication()
+    assert [r.round for r in world.results(1)] == [0, 1, 2, 3, 4]
+
+
+def test_a_round_already_started_that_the_flushing_rank_will_not_join_is_reported():
+    world = _world(Sync())
+    _post_all(world)
+    world.post(1, [np.ones(2)])  # round 1 starts on rank 1 ...
+    world.flush(0)  # ... and rank 0 flushes after 1 round
+    with pytest.raises(AssertionError, match=r"rank 0 began flushing it after 1 rounds, but rank 1 posted round 1"):
+        world.run_communication()
+
+
+def test_the_coordinator_announces_each_sync_flush_once_and_partial_flushes_never():
+    sync = _world(Sync())
+    _post_all(sync)
+    sync.flush(2)
+    sync.apply(("to_coordinator", 2))
+    assert _notices(sync) == [FlushBegun(0, 2, 1)] * 3
+    sync.flush(0)
+    sync.apply(("to_coordinator", 0))
+    assert len(_notices(sync)) == 3  # only the first flush of an epoch is announced
+    solo = _world(Solo())
+    sent = []
+    broadcast = solo._broadcast
+    solo._broadcast = lambda messages: (sent.extend(messages), broadcast(messages))
+    _post_all(solo)
+    for j in range(3):
+        solo.flush(j)
+    solo.run_communication()
+    assert all(solo.results(j)[-1].flush for j in range(3))
+    assert sent and not any(isinstance(m, FlushBegun) for m in sent)
