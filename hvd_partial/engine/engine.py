@@ -42,6 +42,16 @@ _FOCUS_SECONDS = 2e-4
 # How long a reduction is tested continuously before the tests space out
 # (reduce_poll_us); see _poll_reductions.
 _PATIENCE_SECONDS = 1e-3
+# How long a post waiting for its round to start is watched continuously
+# before the engine naps; see _nap_while_waiting. (1 ms made balanced
+# majority steps a few % slower than 3 ms: the designated rank's jitter.)
+_START_PATIENCE_SECONDS = 3e-3
+# A nap lasts this fraction of the time waited so far (see
+# _nap_while_waiting for its bounds): a message that comes mid-nap without a
+# ring is seen at most that much later, relative to the wait, while a long
+# wait costs few wake-ups.
+_NAP_FRACTION = 0.25
+_NAP_MIN_SECONDS = 5e-5
 # With doorbells, the short naps (back-off from 40 us, about 1.2 ms in all) an
 # idle engine takes after a wake-up that found nothing, before it sleeps
 # doorbell_poll_ms at a time again.
@@ -140,6 +150,7 @@ class Engine:
         self._helper: tuple | None = None  # (generator, handle, request)
         self._pending_handles: set[Handle] = set()
         self._reduce_poll = config.reduce_poll_us / 1e6
+        self._nap_max = config.idle_poll_ms / 1000.0
         self._leaving = False
         self._to_flush: set[int] = set()
         self._flushed: set[int] = set()
@@ -280,15 +291,21 @@ class Engine:
                     # A reduction progresses only inside MPI calls: stay in them
                     # and look at the rest now and then.
                     self._poll_reductions(time.perf_counter() + _FOCUS_SECONDS)
-                elif self._helper is not None or self._pending_handles:
-                    # A waiting compute thread leaves the CPU free: poll closely, yielding.
-                    # (Sleeping on the doorbell here instead, woken by the start
-                    # of the round, made posts of 4 B to 1 MiB slower by
-                    # 0.2-0.6 ms on this VM: the datagram's wake-up is slow.)
+                elif self._helper is not None:
+                    # A helper collective in progress needs this engine in MPI.
                     if idle < 5000:
                         os.sched_yield()
                     else:
                         time.sleep(1e-4)
+                elif self._pending_handles:
+                    # A compute thread waits for a round to start: look closely
+                    # for a while, yielding. (Sleeping on the doorbell at once,
+                    # woken by the start of the round, made posts of 4 B to 1 MiB
+                    # slower by 0.2-0.6 ms on this VM: the datagram's wake-up is
+                    # slow.) A longer wait is for another rank's computation:
+                    # nap then, or this engine takes the CPU from the ranks it
+                    # waits for where ranks outnumber cores.
+                    self._nap_while_waiting(min(h.posted_at for h in self._pending_handles))
                 elif time.perf_counter() < awake_until:
                     # Work just happened and more usually follows (the next post
                     # of a training loop): stay awake a little, yielding. A sleep
@@ -349,7 +366,10 @@ class Engine:
         rounds do) then leaves them the CPU. On 4 ranks and 2 cores, 100 us
         took a step with a grouped 16 MiB solo post from 52 to 44 ms, but
         made 1 MiB steps up to 15% slower (a waiting rank's sleep ends late on
-        a busy CPU), so it is off by default.
+        a busy CPU), so it is off by default. (Napping a growing share of the
+        wait instead doubled per-call times from 1 MiB up: a reduction in
+        progress needs every rank's engine in MPI at each of its steps, and
+        nothing tells a napping engine that the last rank has joined.)
         """
         entries = [q[0] for q in self._rounds.values() if q and q[0].requests is not None]
         if not entries:
@@ -370,6 +390,43 @@ class Engine:
                 os.sched_yield()
             else:
                 time.sleep(self._reduce_poll)
+
+    def _nap_while_waiting(self, since: float) -> None:
+        """While a post waits for its round to start: yield the CPU once or,
+        when the wait began over 3 ms ago (the oldest waiting call was made
+        at ``since``), nap a quarter of the time waited (from 50 us up to ``doorbell_poll_ms`` where every peer can
+        ring this rank's doorbell, else up to ``idle_poll_ms``).
+
+        Such a wait is for another rank's computation (a majority round's
+        designated rank, a laggard holding the staleness bound), and the
+        round's start reaches this rank as a coordinator message, which rings
+        its doorbell: a nap ends at once. Yielding instead took the CPU from
+        the ranks waited for, where ranks outnumber cores.
+        """
+        waited = time.perf_counter() - since
+        if waited < _START_PATIENCE_SECONDS:
+            os.sched_yield()
+            return
+        # Where every peer rings, the nap only bounds the delay of a lost ring
+        # (as when idle); while this rank's own sends are queued, only its MPI
+        # calls move them, so it looks at least every idle_poll_ms.
+        longest = self._bell_poll if self._bell_covers_all and not self._unsent else self._nap_max
+        self._nap(min(longest, max(_NAP_MIN_SECONDS, _NAP_FRACTION * waited)))
+
+    def _nap(self, seconds: float) -> None:
+        """Sleep up to ``seconds``; a new command wakes the engine at once, and
+        so does a peer's ring where there is a doorbell."""
+        self._asleep = True
+        try:
+            if self._bell is not None:
+                if not self._commands:
+                    self._bell.wait(seconds)
+            else:
+                self._wake.acquire(blocking=False)  # consume a pending wake-up
+                if not self._commands:
+                    self._wake.acquire(timeout=seconds)
+        finally:
+            self._asleep = False
 
     def _finished(self) -> bool:
         if self.failure is not None:

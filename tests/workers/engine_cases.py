@@ -401,6 +401,27 @@ elif case == "rung_receive":
     report({"in_one_call": in_one_call, "of": 60})
     transport.free()
 
+elif case == "waiting_cpu":
+    # Posts that wait for another rank's computation (a majority round's
+    # designated rank) must leave the CPU to the ranks computing.
+    from hvd_partial.modes import designated_initiator
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    last = size - 1
+    seed = next(s for s in range(10_000) if designated_initiator(s, "m", 1, size) == last)
+    mode = hvd.Majority(seed=seed)
+    hvd.partial_allreduce(np.ones(4), "m", mode=mode)  # round 0: every rank
+    hvd.barrier()
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    if rank == last:
+        time.sleep(1.0)  # "computing"; round 1 starts when this rank posts
+    rounds = hvd.partial_allreduce(np.ones(4), "m", mode=mode)
+    report({"cpu_fraction": (time.process_time() - cpu0) / (time.monotonic() - wall0),
+            "waited": time.monotonic() - wall0, "round": rounds[-1].round, "initiator": rounds[-1].initiator})
+    hvd.flush("m")
+    hvd.shutdown()
+
 elif case == "idle_cpu":
     # An idle engine must leave the CPU to the training thread.
     hvd.init()
