@@ -24,7 +24,8 @@ __version__ = "0.1.0"
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "config",
     "partial_allreduce_async", "grouped_partial_allreduce_async", "partial_allreduce", "poll", "synchronize",
-    "flush", "default_mode", "stream_options", "allreduce", "broadcast", "broadcast_object", "allgather_object", "barrier", "stats",
+    "flush", "default_mode", "stream_options", "allreduce", "broadcast", "broadcast_object", "allgather_object",
+    "barrier", "stats",
     "Sync", "Solo", "Majority", "Average", "Sum", "ReduceOp", "mode_from_name", "RoundResult", "Handle", "Config",
     "HvdPartialError", "NotInitializedError", "ConfigError", "UnsupportedInputError", "StreamConflictError",
     "MismatchError", "RankFailedError", "StalledRankError", "TooManyStreamsError", "EngineError", "__version__",

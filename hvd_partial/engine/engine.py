@@ -396,8 +396,9 @@ class Engine:
     def _nap_while_waiting(self, since: float) -> None:
         """While a post waits for its round to start: yield the CPU once or,
         when the wait began over 3 ms ago (the oldest waiting call was made
-        at ``since``), nap a quarter of the time waited (from 50 us up to ``doorbell_poll_ms`` where every peer can
-        ring this rank's doorbell, else up to ``idle_poll_ms``).
+        at ``since``), nap a quarter of the time waited: from 50 us up to
+        ``doorbell_poll_ms`` where every peer can ring this rank's doorbell,
+        else up to ``idle_poll_ms``.
 
         Such a wait is for another rank's computation (a majority round's
         designated rank, a laggard holding the staleness bound), and the
