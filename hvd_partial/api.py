@@ -421,7 +421,12 @@ def _at_exit() -> None:
     if engine is None:
         return
     if engine.failure is not None:
-        # A peer failed: MPI_Finalize could wait for it forever.
+        # A peer failed: MPI_Finalize could wait for it forever. Launchers
+        # (Open MPI's at once) end the whole job when one process exits with an
+        # error, so first leave the others abort_grace_seconds from the failure
+        # to raise and handle it too (the stall inspector fails every rank
+        # within milliseconds of each other, not at once).
+        time.sleep(max(0.0, engine.config.abort_grace_seconds - (time.monotonic() - engine.failed_at)))
         _hard_exit(1)
     try:
         shutdown()

@@ -161,6 +161,7 @@ class Engine:
         self._sends_wait_since: float | None = None  # shutdown done but for unsent messages
         self._leaving_requested = False  # set by the compute thread in shutdown()
         self.failure: HvdPartialError | None = None
+        self.failed_at = 0.0  # time.monotonic() when failure was set
         self._stopped = threading.Event()
         # True only while the engine thread sleeps: compute threads wake it
         # (a syscall on each side) only then. It is set before the thread's
@@ -823,6 +824,7 @@ class Engine:
         if self.failure is not None:
             return
         self.failure = error
+        self.failed_at = time.monotonic()
         if local:
             log.error("rank %d: %s; telling the other ranks", self.rank, getattr(error, "reason", error))
         else:
