@@ -36,7 +36,8 @@ class Config:
     #: raises ``RankFailedError`` naming it.
     failure_timeout_seconds: float = 30.0
     #: How long a rank that raised waits for its failure notice to reach the
-    #: others before it exits.
+    #: others before it exits; a process whose engine failed also waits out
+    #: this long from the failure before it exits.
     abort_grace_seconds: float = 2.0
     #: Upper bound of the engine's idle back-off, in milliseconds, where some
     #: peer cannot ring its doorbell (or doorbells are off).
