@@ -1,16 +1,17 @@
-"""Cluster simulator: the protocol's own code (the coordinator and every
-rank's stream, driven through :class:`~hvd_partial.transport.loopback.LoopbackWorld`)
-on a simulated clock where communication costs what a
-:class:`~hvd_partial.sim.network.NetworkModel` says.
+"""Cluster simulator: the protocol's own code (every rank's
+:class:`~hvd_partial.core.driver.Driver`, with rank 0's coordinator, in a
+:class:`~hvd_partial.transport.loopback.LoopbackWorld`) on a simulated clock
+where communication costs what a :class:`~hvd_partial.sim.network.NetworkModel` says.
 
 It models what the MPI engine does, message by message:
 
-- a rank that finishes a step posts; its post reaches the coordinator (rank 0's
-  engine) after ``message_seconds(P)`` (rank 0's own posts at once);
-- the coordinator serves one message at a time, in order of arrival,
-  ``coordinator_seconds(P)`` each, and sends every message it broadcasts to
-  ranks 1..P-1 one after the other, ``send_seconds(P)`` apart, each arriving
-  ``message_seconds(P)`` later (rank 0 gets its own at once);
+- a message from one rank to another arrives ``message_seconds(P)`` after it
+  is sent (a rank's messages to itself at once), in order per pair of ranks;
+- a rank's engine serves the messages for its control policy (rank 0's
+  coordinator: posts, flushes, registrations) one at a time, in order of
+  arrival, ``coordinator_seconds(P)`` each, and so its completion of a round
+  that feeds a decision; what it sends while serving leaves one message after
+  the other, ``send_seconds(P)`` apart (its own at once);
 - a rank joins a round when the round's start reaches it (sync: when it
   posts); the round's reduction finishes ``reduce_seconds(P, nbytes)`` after
   the last rank joined (and not before the previous round's), where a solo
@@ -52,8 +53,8 @@ log = logging.getLogger("hvd_partial.sim")
 
 # event classes: communication first, then compute, at equal times (as replay does)
 _COMM, _COMPUTE = 0, 1
-# kinds of communication events, in the order LoopbackWorld lists them
-_OUT, _IN, _DONE, _WAKE = 0, 1, 2, 3  # _WAKE: the coordinator is free again
+# kinds of communication events at one rank, in the order LoopbackWorld lists them
+_DELIVER, _DONE, _WAKE = 0, 1, 2  # _WAKE: a rank's engine is free again to serve its control messages
 
 
 @dataclass
@@ -86,13 +87,17 @@ class SimResult:
 
 class _TimedDeque(deque):
     """A deque that keeps each item's ready time beside it and tells the
-    simulator about every append."""
+    simulator about every append: a channel between two ranks, or a rank's
+    reductions joined."""
 
-    def __init__(self, sim: "ClusterSimulator", kind: int, rank: int):
+    def __init__(self, sim: "ClusterSimulator", kind: int, src: int, dest: int, lane: int = 0):
         super().__init__()
+        self.lane = lane
+        self.key = 2 * src + lane  # deliveries at one rank and time go by source, as LoopbackWorld lists them
         self.times: deque = deque()
         self.kind = kind
-        self.rank = rank
+        self.src = src
+        self.rank = dest
         self.scheduled = False
         self._sim = sim
 
@@ -106,51 +111,18 @@ class _TimedDeque(deque):
         self.times.popleft()
         return super().popleft()
 
+    def clear(self):  # pragma: no cover - no rank fails in a simulation
+        super().clear()
+        self.times.clear()
 
-class _ReducingWorld(LoopbackWorld):
-    """LoopbackWorld with a cheaper "complete" event for large worlds: the
-    round's sum is computed once for all ranks (the loopback sums every rank's
-    parts again on every rank, O(P^2) per round), and only rank 0 keeps the
-    results it took (the others' would cost O(P^2) memory per round). The
-    protocol calls are the same as LoopbackWorld's: ``RankStream.complete`` on
-    the rank, then ``Coordinator.on_round_complete`` for rank 0."""
 
-    def __init__(self, *args, **kwargs):
+class _TimedWorld(LoopbackWorld):
+    def __init__(self, sim: "ClusterSimulator", *args, **kwargs):
+        self._sim = sim
         super().__init__(*args, **kwargs)
-        self._reduced: dict = {}
-        self._completions: dict = {}
 
-    def apply(self, event: tuple):
-        kind, j = event
-        if kind != "complete":
-            return super().apply(event)
-        self.events += 1
-        rank = self.ranks[j]
-        launch = rank.launches.popleft()
-        key = self._key(launch)
-        if launch.send is None:
-            reduced = None
-        else:
-            total = self._reduced.get(key)
-            if total is None:
-                parts = self.rounds.pop(key)
-                total = self._reduced[key] = [
-                    np.add.reduce([parts[k][b] for k in range(self.world_size)], axis=0).astype(
-                        launch.send[b].dtype, copy=False) for b in range(len(launch.send))]
-            reduced = [t.copy() for t in total]
-        woken = rank.stream.complete(launch, reduced)
-        if woken is not None:
-            assert woken is rank.waiter
-            if j == 0:
-                rank.taken.extend(woken.results)
-            rank.waiter = None
-        if j == 0 and self.mode.kind != "sync" and launch.facts is not None and launch.facts.round is not None:
-            self._broadcast(self.coordinator.on_round_complete(rank.stream.id, launch.round,
-                                                               rank.stream.last_included))
-        done = self._completions[key] = self._completions.get(key, 0) + 1
-        if done == self.world_size:  # every rank has it: free the round's buffers
-            self._reduced.pop(key, None)
-            del self._completions[key]
+    def make_queue(self, kind: str, src: int, dest: int, lane: int = 0) -> deque:
+        return _TimedDeque(self._sim, _DELIVER if kind == "channel" else _DONE, src, dest, lane)
 
 
 class ClusterSimulator:
@@ -171,12 +143,9 @@ class ClusterSimulator:
         self.compute_seconds = compute_seconds
         self.deadline = deadline_s
         tau = 0 if mode.kind == "sync" else max_staleness
-        # The reduction runs over a one-element buffer; its cost is the model's for ``nbytes``.
-        self.world = _ReducingWorld(world_size, mode, Sum, tau, Layout.of([np.zeros(1)]))
-        for j, rank in enumerate(self.world.ranks):
-            rank.outbox = _TimedDeque(self, _OUT, j)
-            rank.inbox = _TimedDeque(self, _IN, j)
-            rank.launches = _TimedDeque(self, _DONE, j)
+        # The reduction runs over a one-element buffer; its cost is the model's
+        # for ``nbytes``. Only rank 0's results are kept (all would cost O(P^2) memory).
+        self.world = _TimedWorld(self, world_size, mode, Sum, tau, Layout.of([np.zeros(1)]), keep_results=(0,))
         self.heap: list = []
         self.seq = 0
         self.now = 0.0
@@ -184,11 +153,13 @@ class ClusterSimulator:
         self.computing = [False] * world_size
         self.flushed = [False] * world_size
         self.finish = [0.0] * world_size
-        # coordinator (rank 0's engine): busy until, and the clock of its outgoing sends
-        self.coord_free = 0.0
-        self.coord_busy = 0.0
-        self.coord_queue: deque = deque()  # outboxes whose front waits for the coordinator
-        self._send_clock: float | None = None
+        # Each rank's engine serves its control messages one at a time: busy until,
+        # and the channels whose front waits for it.
+        self.serve_free = [0.0] * world_size
+        self.serving: list[deque] = [deque() for _ in range(world_size)]
+        self.busy = [0.0] * world_size
+        self._send_clock: float | None = None  # while a rank serves: when its next send leaves
+        self._server: int | None = None
         # reductions: per round, joins so far and the last join time; when each finished
         self.joins: dict = {}
         self.round_done: dict = {}
@@ -205,16 +176,14 @@ class ClusterSimulator:
     # -- ready times of communication --------------------------------------------------
 
     def _ready_time(self, queue: _TimedDeque) -> float:
-        if queue.kind == _OUT:
-            return self.now if queue.rank == 0 else self.now + self.latency
-        if queue.kind == _IN:
-            if self._send_clock is None:  # pragma: no cover - only the coordinator sends to ranks
-                raise AssertionError("a message to a rank from outside the coordinator")
-            if queue.rank == 0:
-                return self._send_clock  # rank 0's engine hands it over locally
-            self._send_clock += self.send_cost
-            return self._send_clock + self.latency
-        return self.now  # a launch: the rank joins the round now
+        if queue.kind == _DONE:
+            return self.now  # a launch: the rank joins the round now
+        if queue.lane or self._server is None or self._server != queue.src:
+            return self.now if queue.src == queue.rank else self.now + self.latency
+        if queue.src == queue.rank:
+            return self._send_clock  # the serving engine hands it over locally
+        self._send_clock += self.send_cost
+        return self._send_clock + self.latency
 
     def _appended(self, queue: _TimedDeque):
         if queue.kind == _DONE:
@@ -222,10 +191,11 @@ class ClusterSimulator:
         if not queue.scheduled and len(queue) == 1:
             self._schedule_front(queue)
 
-    def _joined(self, launch):
+    def _joined(self, item):
+        stream, launch = item
         if launch.send is None:
             return
-        key = launch.round
+        key = (stream.name, launch.round)
         count, last = self.joins.get(key, (0, 0.0))
         count, last = count + 1, max(last, self.now)
         if count < self.P:
@@ -236,12 +206,12 @@ class ClusterSimulator:
         self.round_done[key] = self.last_reduce_done = start + self._reduce_seconds(launch)
         for rank in self.world.ranks:
             q = rank.launches
-            if q and not q.scheduled and q[0].round == key:
+            if q and not q.scheduled and (q[0][0].name, q[0][1].round) == key:
                 self._schedule_front(q)
 
     def _reduce_seconds(self, launch) -> float:
         # a solo/majority round carries every rank's facts in its last buffer, with the data
-        extra = launch.send[-1].nbytes if getattr(launch, "with_facts", False) else 0
+        extra = launch.send[-1].nbytes if launch.with_facts else 0
         cost = self._reduce_cost.get(extra)
         if cost is None:
             cost = self._reduce_cost[extra] = self.net.reduce_seconds(self.P, self.nbytes + extra)
@@ -249,35 +219,34 @@ class ClusterSimulator:
 
     def _schedule_front(self, queue: _TimedDeque):
         if queue.kind == _DONE:
-            launch = queue[0]
-            ready = queue.times[0] if launch.send is None else self.round_done.get(launch.round)
+            stream, launch = queue[0]
+            ready = queue.times[0] if launch.send is None else self.round_done.get((stream.name, launch.round))
             if ready is None:
                 return  # not every rank has joined yet: scheduled when the last one does
         else:
             ready = queue.times[0]
         queue.scheduled = True
+        self._push(max(ready, self.now), queue.rank, queue.kind, queue.key, queue)
+
+    def _push(self, time: float, rank: int, kind: int, key: int, payload):
         self.seq += 1
-        heapq.heappush(self.heap, (max(ready, self.now), _COMM, queue.rank, queue.kind, self.seq, queue))
+        heapq.heappush(self.heap, (time, _COMM, rank, kind, key, self.seq, payload))
 
     # -- running -----------------------------------------------------------------------
 
     def run(self) -> SimResult:
         self._schedule_idle()
         while self.heap:
-            time, cls, j, kind, _, payload = heapq.heappop(self.heap)
+            time, cls, j, kind, _, _, payload = heapq.heappop(self.heap)
             self.now = time
             self.events += 1
             if cls == _COMPUTE:
                 self.computing[j] = False
                 self.done_steps[j] += 1
                 self.world.post(j, self._one)
-                if j:
-                    self.world.ranks[j].taken.clear()  # only rank 0's results are reported
                 self._touched.add(j)
-            elif kind == _WAKE:
-                self._serve_coordinator()
             else:
-                self._communicate(payload)
+                self._communicate(kind, payload)
             if not (self.heap and self.heap[0][0] <= self.now and self.heap[0][1] == _COMM):
                 self._schedule_idle()
         if any(not self.world.idle(j) for j in range(self.P)):  # pragma: no cover - a protocol bug
@@ -287,63 +256,71 @@ class ClusterSimulator:
                   self.P, self.mode, result.rounds, result.seconds, self.events)
         return result
 
-    def _communicate(self, queue: _TimedDeque):
-        queue.scheduled = False
-        if queue.kind == _OUT:
-            # Messages reach the coordinator in order of arrival and wait while it is busy.
-            queue.scheduled = True  # its front is now in the coordinator's queue
-            self.coord_queue.append(queue)
-            if len(self.coord_queue) == 1:
-                if self.coord_free <= self.now:
-                    self._serve_coordinator()
-                else:
-                    self._wake_coordinator()
+    def _communicate(self, kind: int, payload):
+        if kind == _WAKE:
+            self._serve(payload)
             return
-        if queue.kind == _IN:
-            self.world.apply(("to_rank", queue.rank))
+        queue = payload
+        queue.scheduled = False
+        j = queue.rank
+        if kind == _DELIVER:
+            if self.world.ranks[j].driver.for_control(queue[0]):
+                # Control messages wait, in order of arrival, while the engine serves others.
+                queue.scheduled = True  # its front is now in the rank's serving queue
+                self.serving[j].append(queue)
+                if len(self.serving[j]) == 1:
+                    if self.serve_free[j] <= self.now:
+                        self._serve(j)
+                    else:
+                        self._wake(j)
+                return
+            self.world.apply(("deliver", queue.src, j, queue.lane))
         else:
-            coordinating = queue.rank == 0 and self.mode.kind != "sync"
-            if coordinating:  # rank 0's completion is reported to the coordinator
-                base = max(self.now, self.coord_free)
-                self._send_clock = base + self.coord_cost
-            self.world.apply(("complete", queue.rank))
-            if coordinating:
-                self.coord_busy += self._send_clock - base
-                self.coord_free = self._send_clock
-                self._send_clock = None
-        self._touched.add(queue.rank)
+            stream = queue[0][0]
+            deciding = self.world.ranks[j].driver.control.decides_completion(stream)
+            if deciding:  # the completion feeds the control policy: the engine serves it
+                base = max(self.now, self.serve_free[j])
+                self._begin_serving(j, base)
+            self.world.complete(j)
+            if deciding:
+                self._end_serving(j, base)
+        self._touched.add(j)
         if len(queue) and not queue.scheduled:
             self._schedule_front(queue)
 
-    def _serve_coordinator(self):
-        """Serve the first message waiting at the coordinator (it is free now)."""
-        queue = self.coord_queue.popleft()
-        self._send_clock = self.now + self.coord_cost
-        self.world.apply(("to_coordinator", queue.rank))
-        self.coord_busy += self._send_clock - self.now
-        self.coord_free = self._send_clock
-        self._send_clock = None
+    def _begin_serving(self, j: int, start: float):
+        self._server = j
+        self._send_clock = start + self.coord_cost
+
+    def _end_serving(self, j: int, start: float):
+        self.busy[j] += self._send_clock - start
+        self.serve_free[j] = self._send_clock
+        self._send_clock = self._server = None
+
+    def _serve(self, j: int):
+        """Serve the first control message waiting at rank j (its engine is free now)."""
+        queue = self.serving[j].popleft()
+        self._begin_serving(j, self.now)
+        self.world.apply(("deliver", queue.src, j, queue.lane))
+        self._end_serving(j, self.now)
+        self._touched.add(j)
         queue.scheduled = False
         if len(queue):
             self._schedule_front(queue)
-        if self.coord_queue:
-            if self.coord_free <= self.now:  # free communication: serve the next one at once
-                self._serve_coordinator()
+        if self.serving[j]:
+            if self.serve_free[j] <= self.now:  # free communication: serve the next one at once
+                self._serve(j)
             else:
-                self._wake_coordinator()
+                self._wake(j)
 
-    def _wake_coordinator(self):
-        self.seq += 1
-        heapq.heappush(self.heap, (self.coord_free, _COMM, -1, _WAKE, self.seq, None))
+    def _wake(self, j: int):
+        self._push(self.serve_free[j], j, _WAKE, 0, j)
 
     def _settle_now(self):
         while self.heap and self.heap[0][0] <= self.now and self.heap[0][1] == _COMM:
-            _, _, _, kind, _, payload = heapq.heappop(self.heap)
+            _, _, _, kind, _, _, payload = heapq.heappop(self.heap)
             self.events += 1
-            if kind == _WAKE:
-                self._serve_coordinator()
-            else:
-                self._communicate(payload)
+            self._communicate(kind, payload)
 
     def _schedule_idle(self):
         """Start the next step of every rank whose post returned, or flush it
@@ -363,7 +340,7 @@ class ClusterSimulator:
                     self.computing[j] = True
                     self.seq += 1
                     busy = self.compute_seconds(j, self.done_steps[j]) + self.step_overhead
-                    heapq.heappush(self.heap, (self.now + busy, _COMPUTE, j, 0, self.seq, None))
+                    heapq.heappush(self.heap, (self.now + busy, _COMPUTE, j, 0, 0, self.seq, None))
                 else:
                     # Done: enter flush, so that the others are not held by the staleness bound.
                     self.finish[j] = self.now
@@ -392,7 +369,7 @@ class ClusterSimulator:
             staleness_mean=float(np.mean(contributions)) if contributions else 0.0,
             staleness_max=int(max(contributions)) if contributions else 0,
             fresh_fraction=fresh / (len(training) * self.P) if training else 0.0,
-            events=self.events, coordinator_busy_s=self.coord_busy, initiators=initiators)
+            events=self.events, coordinator_busy_s=self.busy[0], initiators=initiators)
 
 
 def simulate(world_size: int, mode: Mode, max_staleness: int, steps: int | Sequence[int],

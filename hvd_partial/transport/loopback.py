@@ -1,13 +1,16 @@
-"""An in-process world of P ranks that drives the pure core (coordinator and
-rank streams) with no MPI and no threads.
+"""An in-process world of P ranks: each rank runs the protocol
+:class:`~hvd_partial.core.driver.Driver` (the same one the MPI engine runs),
+and this module only delivers their messages and sums their reductions. No
+MPI, no threads.
 
 Every step is one event, chosen by the caller or by a seeded random
-scheduler: a rank's compute thread posts or flushes, a control message is
-delivered, a rank joins a round or sees it complete. The same events happen
-under MPI, only there the order is decided by the machine; here it can be
-scripted, randomized and replayed. Tests use it to check conservation,
-consistency, staleness and eagerness over many arrival orders, and the
-simulator drives it with a clock.
+scheduler: a rank's compute thread posts, flushes or shuts down, a message
+from one rank reaches another (in order per pair of ranks, as MPI keeps
+them), a reduction completes on a rank, a rank dies, or a live rank learns
+that a peer died. The same events happen under MPI, only there the order is
+decided by the machine; here it can be scripted, randomized and replayed.
+Tests use it to check conservation, consistency, staleness and eagerness over
+many arrival orders, and the simulator drives it with a clock.
 
 Example::
 
@@ -20,165 +23,243 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.coordinator import Coordinator
+from ..core.driver import Driver
 from ..core.fusion import Layout
-from ..core.messages import FlushBegun, Register, Registered, Rejected, Start, StreamSignature
+from ..core.messages import StreamSignature
 from ..core.rank_stream import Launch, RankStream, Waiter
 from ..core.round_result import RoundResult
+from ..errors import RankFailedError
 from ..modes import Mode, ReduceOp
 
+STREAM = "stream"  # the name of the world's stream unless a call names another
 
-@dataclass
+
 class LoopbackRank:
-    stream: RankStream
-    inbox: deque = field(default_factory=deque)  # coordinator -> this rank
-    outbox: deque = field(default_factory=deque)  # this rank -> coordinator
-    launches: deque = field(default_factory=deque)  # rounds joined, not completed here
-    held_post: tuple | None = None  # first post, until the stream is registered
-    registered: bool = False
-    waiter: Waiter | None = None
-    taken: list = field(default_factory=list)  # every RoundResult taken, in order
-    posted: list = field(default_factory=list)  # (seq, computed_for, array)
-    taken_at_post: list = field(default_factory=list)
+    """One rank of the world: the host of its driver."""
+
+    def __init__(self, world: "LoopbackWorld", rank: int):
+        self.world = world
+        self.rank = rank
+        self.driver = Driver(rank, world.world_size, self)
+        self.launches = world.make_queue("launches", rank, rank)  # (stream, launch) joined, not completed here
+        self.waiter: Waiter | None = None  # the compute thread's call in progress
+        self.taken: dict[str, list[RoundResult]] = {}  # stream -> every result taken, in order
+        self.errors: list[Exception] = []  # calls that raised
+        self.failure: Exception | None = None  # this rank stopped: it died, or learnt that a peer did
+        self.notice_due = False  # a peer died and this rank has not noticed yet
+
+    # -- views used by tests and the simulators -------------------------------------------
+
+    @property
+    def stream(self) -> RankStream | None:
+        return self.driver.streams.get(STREAM)
+
+    @property
+    def registered(self) -> bool:
+        s = self.stream
+        return s is not None and s.id is not None
+
+    # -- DriverHost -------------------------------------------------------------------------
+
+    def send(self, dest: int, message) -> None:
+        world = self.world
+        if self.failure is not None or world.ranks[dest].failure is not None:
+            return  # a stopped rank sends nothing, and what is sent to it is lost
+        # A rank's reports to its own control policy are handed over apart from
+        # the decisions it sends itself (as the engine does); between ranks, one channel.
+        own = dest == self.rank and self.driver.for_control(message)
+        world.channel(self.rank, dest, 1 if own else 0).append(message)
+
+    def launch(self, stream: RankStream, launch: Launch) -> None:
+        self.launches.append((stream, launch))
+        if launch.send is not None:
+            self.world.join(self.rank, stream, launch)
+
+    def reduced(self, stream: RankStream, launch: Launch, result: RoundResult) -> None:
+        pass
+
+    def finished(self, stream: RankStream, waiter: Waiter) -> None:
+        if self.world.keeps_results(self.rank):
+            self.taken.setdefault(stream.name, []).extend(waiter.results)
+        if waiter is self.waiter:
+            self.waiter = None
+
+    def refused(self, waiter: Waiter, error: Exception) -> None:
+        self.errors.append(error)
+        if waiter is self.waiter:
+            self.waiter = None
+
+    def failed(self, error: Exception) -> None:
+        raise error
 
 
 class LoopbackWorld:
-    """P ranks of one stream, stepped one event at a time."""
+    """P ranks stepped one event at a time. ``keep_results``: the ranks whose
+    taken results are kept (default all; the simulator keeps rank 0's only)."""
 
-    def __init__(self, world_size: int, mode: Mode, op: ReduceOp, max_staleness: int, layout: Layout):
+    def __init__(self, world_size: int, mode: Mode, op: ReduceOp, max_staleness: int, layout: Layout,
+                 keep_results=None):
         self.world_size = world_size
         self.mode = mode
+        self.op = op
         self.layout = layout
         self.signature = StreamSignature(layout.entries, False, mode.describe(), op.value,
                                          0 if mode.kind == "sync" else max_staleness)
-        self.coordinator = Coordinator(world_size)
-        self.ranks = [LoopbackRank(RankStream(j, world_size, "stream", layout, mode.kind == "sync", op))
-                      for j in range(world_size)]
-        self.rounds: dict[int, dict[int, list | None]] = {}  # round -> rank -> send buffers
-        self.starts: list[Start] = []
+        self._keep = None if keep_results is None else frozenset(keep_results)
+        # dest -> (src, lane) -> messages; lane 1: a rank's reports to its own control policy
+        self.inbound: list[dict[tuple, deque]] = [{} for _ in range(world_size)]
+        self.parts: dict[tuple, dict[int, list]] = {}  # (stream, round) -> rank -> send buffers
+        self._sums: dict[tuple, list] = {}  # (stream, round) -> the reduced buffers, until every rank took them
+        self._taken_sums: dict[tuple, int] = {}
+        self.dead = [False] * world_size
         self.events = 0
+        self.ranks = [LoopbackRank(self, j) for j in range(world_size)]
 
-    # -- compute-thread actions -------------------------------------------------
+    # -- queues (the simulator times them) --------------------------------------------------
+
+    def make_queue(self, kind: str, src: int, dest: int, lane: int = 0) -> deque:
+        """A new queue: ``kind`` is "channel" (messages src -> dest) or "launches"."""
+        return deque()
+
+    def channel(self, src: int, dest: int, lane: int = 0) -> deque:
+        q = self.inbound[dest].get((src, lane))
+        if q is None:
+            q = self.inbound[dest][(src, lane)] = self.make_queue("channel", src, dest, lane)
+        return q
+
+    def keeps_results(self, j: int) -> bool:
+        return self._keep is None or j in self._keep
+
+    @property
+    def coordinator(self):
+        return self.ranks[0].driver.control.coordinator
+
+    # -- compute-thread actions -----------------------------------------------------------
 
     def idle(self, j: int) -> bool:
-        """Rank j's compute thread is not blocked in a post or flush."""
-        return self.ranks[j].waiter is None and self.ranks[j].held_post is None
+        """Rank j's compute thread is not blocked in a call."""
+        return self.ranks[j].waiter is None
 
-    def post(self, j: int, arrays: list[np.ndarray]):
+    def post(self, j: int, arrays: list[np.ndarray], name: str = STREAM):
         rank = self.ranks[j]
-        assert self.idle(j)
+        assert self.idle(j) and rank.failure is None
         buffers, owned = self.layout.pack(arrays)
-        waiter = Waiter("post")
-        rank.taken_at_post.append(rank.stream.taken)
-        if not rank.registered:
-            rank.held_post = (buffers, owned, waiter)
-            rank.outbox.append(Register(j, "stream", self.signature))
-            return
-        self._post_registered(j, buffers, owned, waiter, registered=True)
+        waiter = rank.waiter = Waiter("post")
+        try:
+            rank.driver.post(name, buffers, owned, self.layout, False, self.mode.kind == "sync", self.op,
+                             self.signature, waiter)
+        except Exception:
+            rank.waiter = None
+            raise
 
-    def _post_registered(self, j, buffers, owned, waiter, registered):
+    def flush(self, j: int, name: str = STREAM):
         rank = self.ranks[j]
-        msg, launch, done = rank.stream.post(buffers, owned, waiter, registered=registered)
-        rank.posted.append((rank.stream.seq, rank.stream.taken if done else rank.stream.taken, buffers))
-        if msg is not None:
-            rank.outbox.append(msg)
-        if launch is not None:
-            self._join(j, launch)
-        if done:
-            rank.taken.extend(waiter.results)
-        else:
-            rank.waiter = waiter
+        assert self.idle(j) and rank.failure is None
+        waiter = rank.waiter = Waiter("flush")
+        try:
+            rank.driver.flush(name, waiter)
+        except Exception:
+            rank.waiter = None
+            raise
 
-    def flush(self, j: int):
+    def shutdown(self, j: int):
+        """Rank j shuts down: its driver flushes every stream and says goodbye."""
         rank = self.ranks[j]
-        assert self.idle(j) and rank.registered
-        waiter = Waiter("flush")
-        rank.outbox.append(rank.stream.flush(waiter))
-        rank.waiter = waiter
+        assert self.idle(j) and rank.failure is None
+        rank.driver.leave()
 
-    # -- communication events -----------------------------------------------------
+    def left(self, j: int) -> bool:
+        """Rank j's shutdown is complete (its reductions too)."""
+        rank = self.ranks[j]
+        return rank.driver.left and not rank.launches
+
+    def fail(self, j: int, reason: str = "killed"):
+        """Rank j dies: its messages in flight are lost, and every live rank
+        learns of it later (as the engine's liveness check does)."""
+        self.dead[j] = True
+        self._stop(j, RankFailedError(j, reason))
+        for k, rank in enumerate(self.ranks):
+            if rank.failure is None:
+                rank.notice_due = True
+        for dest in range(self.world_size):
+            for (src, _), q in self.inbound[dest].items():
+                if dest == j or src == j:
+                    q.clear()
+
+    def _stop(self, j: int, error: Exception):
+        rank = self.ranks[j]
+        rank.failure = error
+        rank.notice_due = False
+        rank.driver.fail()
+        if rank.waiter is not None:
+            rank.errors.append(error)
+            rank.waiter = None
+        rank.launches.clear()
+
+    # -- communication events ----------------------------------------------------------
 
     def communication_events(self) -> list[tuple]:
-        """The events that may happen next, as tuples for ``apply``."""
+        """The events that may happen next, as tuples for ``apply``: per
+        receiving rank, its deliveries by source, then a completion, then a
+        failure notice."""
         out = []
         for j, rank in enumerate(self.ranks):
-            if rank.outbox:
-                out.append(("to_coordinator", j))
-            if rank.inbox:
-                out.append(("to_rank", j))
-            if rank.launches:
-                launch = rank.launches[0]
-                if launch.send is None or len(self.rounds.get(self._key(launch), {})) == self.world_size:
-                    out.append(("complete", j))
+            if rank.failure is not None:
+                continue
+            for src, lane in sorted(self.inbound[j]):
+                if self.inbound[j][(src, lane)]:
+                    out.append(("deliver", src, j, lane) if lane else ("deliver", src, j))
+            if rank.launches and self._reducible(*rank.launches[0]):
+                out.append(("complete", j))
+            if rank.notice_due:
+                out.append(("notice", j))
         return out
 
-    def _key(self, launch: Launch):
-        return launch.round
+    def _reducible(self, stream: RankStream, launch: Launch) -> bool:
+        key = (stream.name, launch.round)
+        return launch.send is None or key in self._sums or len(self.parts.get(key, ())) == self.world_size
 
     def apply(self, event: tuple):
         self.events += 1
-        kind, j = event
-        rank = self.ranks[j]
-        if kind == "to_coordinator":
-            msg = rank.outbox.popleft()
-            if isinstance(msg, Register):
-                out = self.coordinator.on_register(msg)
-            elif type(msg).__name__ == "Post":
-                out = self.coordinator.on_post(msg)
-            else:
-                out = self.coordinator.on_flush(msg)
-            self._broadcast(out)
-        elif kind == "to_rank":
-            msg = rank.inbox.popleft()
-            if isinstance(msg, Registered):
-                rank.stream.id = msg.stream
-                rank.registered = True
-                buffers, owned, waiter = rank.held_post
-                rank.held_post = None
-                self._post_registered(j, buffers, owned, waiter, registered=False)
-            elif isinstance(msg, Rejected):
-                raise AssertionError(msg.reason)
-            elif isinstance(msg, FlushBegun):
-                problem = rank.stream.on_flush_begun(msg)
-                if problem is not None:
-                    raise AssertionError(problem)
-            else:
-                self._join(j, rank.stream.on_start(msg))
+        kind = event[0]
+        if kind == "deliver":  # ("deliver", src, dest[, lane])
+            src, dest = event[1], event[2]
+            message = self.inbound[dest][(src, event[3] if len(event) > 3 else 0)].popleft()
+            self.ranks[dest].driver.on_message(src, message)
         elif kind == "complete":
-            launch = rank.launches.popleft()
-            if launch.send is None:
-                reduced = None
-            else:
-                parts = self.rounds[self._key(launch)]
-                reduced = [np.sum([parts[k][b] for k in range(self.world_size)], axis=0)
-                           for b in range(len(launch.send))]
-                reduced = [np.asarray(r, dtype=launch.send[b].dtype) for b, r in enumerate(reduced)]
-            woken = rank.stream.complete(launch, reduced)
-            if woken is not None:
-                assert woken is rank.waiter
-                rank.taken.extend(woken.results)
-                rank.waiter = None
-            if j == 0 and self.mode.kind != "sync" and launch.facts is not None and launch.facts.round is not None:
-                self._broadcast(self.coordinator.on_round_complete(rank.stream.id, launch.round,
-                                                                   rank.stream.last_included))
+            self.complete(event[1])
+        elif kind == "notice":
+            j = event[1]
+            dead = [k for k in range(self.world_size) if self.dead[k]]
+            self._stop(j, RankFailedError(dead[0], "no message from it (the failure was noticed)"))
         else:
-            raise ValueError(kind)
+            raise ValueError(f"unknown event {event!r}")
 
-    def _broadcast(self, messages):
-        for msg in messages:
-            if isinstance(msg, Start):
-                self.starts.append(msg)
-            for rank in self.ranks:
-                rank.inbox.append(msg)
+    def complete(self, j: int):
+        rank = self.ranks[j]
+        stream, launch = rank.launches.popleft()
+        reduced = None if launch.send is None else self._reduce(stream.name, launch)
+        rank.driver.complete(stream, launch, reduced)
 
-    def _join(self, j: int, launch: Launch):
-        self.ranks[j].launches.append(launch)
-        if launch.send is not None:
-            self.rounds.setdefault(self._key(launch), {})[j] = [np.array(b, copy=True) for b in launch.send]
+    def join(self, j: int, stream: RankStream, launch: Launch):
+        """Rank j joined a reduction: its send buffers are copied now, as MPI reads them."""
+        self.parts.setdefault((stream.name, launch.round), {})[j] = [np.array(b, copy=True) for b in launch.send]
+
+    def _reduce(self, name: str, launch: Launch) -> list:
+        key = (name, launch.round)
+        total = self._sums.get(key)
+        if total is None:
+            parts = self.parts.pop(key)
+            total = self._sums[key] = [
+                np.add.reduce([parts[k][b] for k in range(self.world_size)], axis=0).astype(
+                    launch.send[b].dtype, copy=False) for b in range(len(launch.send))]
+        taken = self._taken_sums[key] = self._taken_sums.get(key, 0) + 1
+        if taken == self.world_size:  # every rank has it: free the round's buffers
+            del self._sums[key], self._taken_sums[key]
+        return [t.copy() for t in total]
 
     def run_communication(self, rng: random.Random | None = None, limit: int = 100_000):
         """Deliver communication events (in random order with ``rng``) until none is left."""
@@ -189,5 +270,5 @@ class LoopbackWorld:
             self.apply(rng.choice(events) if rng else events[0])
         raise AssertionError("communication did not settle")
 
-    def results(self, j: int) -> list[RoundResult]:
-        return self.ranks[j].taken
+    def results(self, j: int, name: str = STREAM) -> list[RoundResult]:
+        return self.ranks[j].taken.setdefault(name, [])

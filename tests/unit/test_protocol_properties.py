@@ -36,7 +36,7 @@ def run_schedule(world_size, mode, tau, posts_per_rank, seed, speeds, drain=Fals
                 if remaining[j] > 0:
                     events += [("post", j)] * speeds[j]
                 elif world.ranks[j].registered or posts_per_rank[j] == 0 and all(
-                        r.registered for r in world.ranks if r.stream.seq > 0):
+                        r.registered for r in world.ranks if r.stream is not None):
                     events.append(("flush", j))
         if not events:
             break
@@ -46,7 +46,7 @@ def run_schedule(world_size, mode, tau, posts_per_rank, seed, speeds, drain=Fals
         elif kind == "post":
             one_hot = np.zeros(total, dtype=np.int64)
             one_hot[index] = 1
-            owner[index] = (what, world.ranks[what].stream.taken)
+            owner[index] = (what, taken_count(world, what))
             index += 1
             remaining[what] -= 1
             world.post(what, [one_hot])
@@ -58,6 +58,11 @@ def run_schedule(world_size, mode, tau, posts_per_rank, seed, speeds, drain=Fals
         if not world.communication_events():
             eager_checks += check_eagerness(world, mode, tau, flushed)
     return world, total, owner, eager_checks
+
+
+def taken_count(world, j) -> int:
+    stream = world.ranks[j].stream
+    return 0 if stream is None else stream.taken
 
 
 def check_eagerness(world, mode, tau, flushed) -> int:
@@ -80,10 +85,10 @@ def check_eagerness(world, mode, tau, flushed) -> int:
 def check_invariants(world, total, owner, tau, mode):
     ranks = world.ranks
     P = world.world_size
-    reference = ranks[0].taken
+    reference = world.results(0)
     # Consistency: every rank took every round, in order, with identical results.
     for j in range(P):
-        mine = ranks[j].taken
+        mine = world.results(j)
         assert [r.round for r in mine] == list(range(len(mine))), f"rank {j} took rounds out of order"
         assert len(mine) == len(reference), f"rank {j} took {len(mine)} rounds, rank 0 took {len(reference)}"
         for a, b in zip(mine, reference):
@@ -143,7 +148,7 @@ def test_random_schedules_conserve_and_agree(world_size, mode_name, tau, posts, 
     for j, rank in enumerate(world.ranks):
         assert rank.waiter is None, f"rank {j} still waiting after the final flush"
         assert not rank.stream.pending, f"rank {j} kept pending data after the flush"
-    assert world.ranks[0].taken[-1].flush
+    assert world.results(0)[-1].flush
 
 
 def test_solo_eagerness_is_checked_over_many_schedules():
@@ -249,3 +254,123 @@ def test_pending_data_is_owned_once_the_post_returns():
     flush_round = world.results(0)[-1]
     assert flush_round.flush and flush_round.contributors == [1]
     assert all(np.array_equal(b, np.ones_like(b)) for b in flush_round.buffers)
+
+
+# -- flushes mid-stream, shutdowns and rank failures at arbitrary points -------------------------------
+
+def run_lifecycle(world_size, mode, tau, posts_per_rank, seed, speeds, flushes=0, fail_after=None):
+    """A random schedule in which ranks flush between posts (``flushes`` times
+    each: a sync stream's ranks at the same post counts, as it requires) and end
+    with ``shutdown``; with ``fail_after``, one random rank dies after that many
+    events. Returns the world, the number of posts and each post's owner."""
+    rng = random.Random(seed)
+    total = sum(posts_per_rank)
+    layout = Layout.of([np.zeros(total, dtype=np.int64)])
+    world = LoopbackWorld(world_size, mode, Sum, tau, layout)
+    remaining = list(posts_per_rank)
+    if mode.kind == "sync":
+        common = list(range(1, posts_per_rank[0]))
+        marks = sorted(rng.sample(common, min(flushes, len(common))))
+        flush_at = [list(marks) for _ in range(world_size)]
+    else:
+        flush_at = [sorted(rng.randint(1, max(1, n)) for _ in range(flushes)) for n in posts_per_rank]
+    posted = [0] * world_size
+    shut = [False] * world_size
+    index, owner, events = 0, {}, 0
+    while True:
+        if fail_after is not None and events == fail_after:
+            world.fail(rng.randrange(world_size))
+        choices = [("comm", e) for e in world.communication_events()]
+        for j in range(world_size):
+            rank = world.ranks[j]
+            if not world.idle(j) or shut[j] or rank.failure is not None:
+                continue
+            if flush_at[j] and flush_at[j][0] <= posted[j] and rank.registered:
+                choices.append(("flush", j))
+            elif remaining[j] > 0:
+                choices += [("post", j)] * speeds[j]
+            elif rank.registered or all(r.stream is not None for r in world.ranks):
+                choices.append(("shutdown", j))
+        if not choices:
+            break
+        events += 1
+        kind, what = rng.choice(choices)
+        if kind == "comm":
+            world.apply(what)
+        elif kind == "post":
+            one_hot = np.zeros(total, dtype=np.int64)
+            one_hot[index] = 1
+            owner[index] = (what, taken_count(world, what))
+            index += 1
+            remaining[what] -= 1
+            posted[what] += 1
+            world.post(what, [one_hot])
+        elif kind == "flush":
+            flush_at[what].pop(0)
+            world.flush(what)
+        else:
+            shut[what] = True
+            world.shutdown(what)
+    return world, total, owner
+
+
+def check_failed_world(world, total, owner, tau):
+    """After a rank died: every rank stopped, with no call left waiting; what
+    ranks took before is one sequence (each rank a prefix of it), every post
+    in it summed at most once, and the facts and the bound hold."""
+    P = world.world_size
+    assert all(rank.failure is not None for rank in world.ranks), "a live rank never noticed the failure"
+    assert all(world.idle(j) for j in range(P)), "a call still waits after the failure"
+    longest = max((world.results(j) for j in range(P)), key=len)
+    for j in range(P):
+        mine = world.results(j)
+        for a, b in zip(mine, longest):
+            assert a.round == b.round and np.array_equal(a.array, b.array) and a.contributors == b.contributors
+    summed = np.sum([r.array for r in longest], axis=0) if longest else np.zeros(total, np.int64)
+    assert summed.max(initial=0) <= 1, "a contribution was counted twice"
+    for res in longest:
+        assert sorted({owner[i][0] for i in np.flatnonzero(res.array)}) == res.contributors
+        assert all(0 <= s <= tau for s in res.staleness.values())
+
+
+def make_mode(mode_name, world_size, mseed):
+    return {"sync": Sync(), "solo": Solo(), "majority": Majority(seed=mseed),
+            "majority_quorum": Majority(seed=mseed, quorum=(world_size + 1) // 2)}[mode_name]
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(world_size=st.integers(1, 5), mode_name=modes, tau=st.integers(0, 3),
+       posts=st.lists(st.integers(1, 6), min_size=5, max_size=5),
+       speeds=st.lists(st.integers(1, 8), min_size=5, max_size=5), flushes=st.integers(0, 2),
+       seed=st.integers(0, 2**32 - 1), mseed=st.integers(0, 3))
+def test_random_schedules_with_flushes_and_shutdown(world_size, mode_name, tau, posts, speeds, flushes, seed, mseed):
+    mode = make_mode(mode_name, world_size, mseed)
+    if mode.kind == "sync":
+        posts = [posts[0]] * 5
+    world, total, owner = run_lifecycle(world_size, mode, tau, posts[:world_size], seed, speeds[:world_size], flushes)
+    check_invariants(world, total, owner, tau, mode)
+    for j in range(world_size):
+        assert world.left(j), f"rank {j} did not finish its shutdown"
+        assert not world.ranks[j].errors
+        assert not world.ranks[j].stream.pending, f"rank {j} kept pending data after shutdown"
+    flush_rounds = sum(r.flush for r in world.results(0))
+    assert flush_rounds >= 1 + (flushes if mode.kind == "sync" and posts[0] > flushes else 0)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(world_size=st.integers(2, 5), mode_name=modes, tau=st.integers(0, 3),
+       posts=st.lists(st.integers(1, 6), min_size=5, max_size=5),
+       speeds=st.lists(st.integers(1, 8), min_size=5, max_size=5), flushes=st.integers(0, 1),
+       fail_after=st.integers(0, 80), seed=st.integers(0, 2**32 - 1), mseed=st.integers(0, 3))
+def test_random_schedules_with_a_rank_failure(world_size, mode_name, tau, posts, speeds, flushes, fail_after, seed,
+                                              mseed):
+    mode = make_mode(mode_name, world_size, mseed)
+    if mode.kind == "sync":
+        posts = [posts[0]] * 5
+    world, total, owner = run_lifecycle(world_size, mode, tau, posts[:world_size], seed, speeds[:world_size],
+                                        flushes, fail_after=fail_after)
+    if not any(world.dead):  # the schedule ended before the failure point: it must be complete
+        check_invariants(world, total, owner, tau, mode)
+        assert all(world.left(j) for j in range(world_size))
+        return
+    check_failed_world(world, total, owner, tau)

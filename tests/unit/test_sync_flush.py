@@ -24,8 +24,13 @@ def _post_all(world, times=1):
         world.run_communication()
 
 
-def _notices(world):
-    return [m for r in world.ranks for m in r.inbox if isinstance(m, FlushBegun)]
+def _record_decisions(world):
+    """Every message rank 0's control policy sends, as (dest, message)."""
+    sent = []
+    control = world.ranks[0].driver.control
+    send = control._send
+    control._send = lambda dest, message: (sent.append((dest, message)), send(dest, message))
+    return sent
 
 
 def test_a_post_after_another_rank_began_flushing_is_refused_and_flushing_recovers():
@@ -55,26 +60,26 @@ def test_a_round_already_started_that_the_flushing_rank_will_not_join_is_reporte
     _post_all(world)
     world.post(1, [np.ones(2)])  # round 1 starts on rank 1 ...
     world.flush(0)  # ... and rank 0 flushes after 1 round
-    with pytest.raises(AssertionError, match=r"rank 0 began flushing it after 1 rounds, but rank 1 posted round 1"):
+    with pytest.raises(MismatchError, match=r"rank 0 began flushing it after 1 rounds, but rank 1 posted round 1"):
         world.run_communication()
 
 
 def test_the_coordinator_announces_each_sync_flush_once_and_partial_flushes_never():
     sync = _world(Sync())
     _post_all(sync)
+    sent = _record_decisions(sync)
     sync.flush(2)
-    sync.apply(("to_coordinator", 2))
-    assert _notices(sync) == [FlushBegun(0, 2, 1)] * 3
+    sync.apply(("deliver", 2, 0))
+    notices = [(d, m) for d, m in sent if isinstance(m, FlushBegun)]
+    assert notices == [(j, FlushBegun(0, 2, 1)) for j in range(3)]
     sync.flush(0)
-    sync.apply(("to_coordinator", 0))
-    assert len(_notices(sync)) == 3  # only the first flush of an epoch is announced
+    sync.run_communication()
+    assert sum(isinstance(m, FlushBegun) for _, m in sent) == 3  # only the first flush of an epoch is announced
     solo = _world(Solo())
-    sent = []
-    broadcast = solo._broadcast
-    solo._broadcast = lambda messages: (sent.extend(messages), broadcast(messages))
+    sent = _record_decisions(solo)
     _post_all(solo)
     for j in range(3):
         solo.flush(j)
     solo.run_communication()
     assert all(solo.results(j)[-1].flush for j in range(3))
-    assert sent and not any(isinstance(m, FlushBegun) for m in sent)
+    assert sent and not any(isinstance(m, FlushBegun) for _, m in sent)

@@ -1,0 +1,201 @@
+"""The protocol driver of one rank: the only glue between the pure core and
+whatever moves messages and reduces buffers (the MPI engine, the loopback
+world, the simulator). Pure: no MPI, no threads, no clocks.
+
+It is written peer to peer. Its inputs are this rank's calls (post, flush,
+leave), messages from peer ranks, and reductions that completed here; its
+outputs go to a :class:`DriverHost`: a message to a peer rank (possibly this
+one), a reduction to start, a call that is done or refused. Round decisions
+belong to a control policy (:class:`~hvd_partial.core.control.CentralControl`)
+that the driver reaches only through reports and peer messages, so a policy
+without a coordinator can replace it.
+
+Example::
+
+    driver = Driver(rank, size, host)  # host: send, launch, reduced, finished, refused, failed
+    driver.post("g", [buf], False, layout, False, False, Sum, signature, Waiter("post"))
+    driver.on_message(source, message)  # for every message from a peer
+    driver.complete(stream, launch, reduced)  # for every reduction that finished
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..errors import MismatchError, StreamConflictError
+from .control import CentralControl
+from .messages import Closed, FlushBegun, Goodbye, Register, Registered, Rejected, Start
+from .rank_stream import Launch, RankStream, Waiter
+from .round_result import RoundResult
+
+
+class DriverHost(Protocol):
+    """What a driver needs from the code that runs it."""
+
+    def send(self, dest: int, message) -> None:
+        """Deliver ``message`` to rank ``dest`` (this rank too), in order per pair of ranks."""
+
+    def launch(self, stream: RankStream, launch: Launch) -> None:
+        """Start the reduction ``launch``; call ``Driver.complete`` when it finished."""
+
+    def reduced(self, stream: RankStream, launch: Launch, result: RoundResult) -> None:
+        """A round completed on this rank (before any call is woken by it)."""
+
+    def finished(self, stream: RankStream, waiter: Waiter) -> None:
+        """A post or flush is done; its results are in ``waiter.results``."""
+
+    def refused(self, waiter: Waiter, error: Exception) -> None:
+        """A post failed with ``error`` (the ranks disagree about its stream)."""
+
+    def failed(self, error: Exception) -> None:
+        """This rank cannot go on (every rank must be told)."""
+
+
+class Driver:
+    """The protocol of every stream of one rank."""
+
+    def __init__(self, rank: int, size: int, host: DriverHost, control=None):
+        self.rank = rank
+        self.size = size
+        self.host = host
+        self.control = control if control is not None else CentralControl(rank, size, host.send)
+        self.streams: dict[str, RankStream] = {}
+        self.by_id: dict[int, RankStream] = {}
+        self._held: dict[str, tuple] = {}  # first posts waiting for registration: (buffers, owned, waiter)
+        self.leaving = False  # shutdown began: flush every stream, then say goodbye
+        self.closed = False  # every rank said goodbye and every flush round started
+        self._to_flush: set[int] = set()
+        self._flushed: set[int] = set()
+        self._goodbye_sent: frozenset | None = None
+        self._decisions = {Start: self._on_start, Registered: self._on_registered, Rejected: self._on_rejected,
+                           FlushBegun: self._on_flush_begun, Closed: self._on_closed}
+
+    # -- this rank's calls ------------------------------------------------------------
+
+    def post(self, name, buffers, owned, layout, grouped, sync, op, signature, waiter: Waiter) -> None:
+        """Post ``buffers`` to stream ``name``; ``waiter`` is finished (or refused) later."""
+        stream = self.streams.get(name)
+        if stream is None:
+            stream = RankStream(self.rank, self.size, name, layout, sync, op, grouped=grouped)
+            self.streams[name] = stream
+            self._held[name] = (buffers, owned, waiter)
+            self.control.report(Register(self.rank, name, signature))
+            return
+        if stream.id is None:
+            raise StreamConflictError(
+                f"stream {name!r} is still registering on rank {self.rank}; synchronize its first post first")
+        self._after_post(stream, waiter, *stream.post(buffers, owned, waiter))
+
+    def flush(self, name: str, waiter: Waiter) -> None:
+        stream = self.streams.get(name)
+        if stream is None:
+            raise StreamConflictError(f"flush({name!r}) on rank {self.rank}: this rank never posted to that stream")
+        if stream.id is None:
+            raise StreamConflictError(
+                f"flush({name!r}) on rank {self.rank}: the stream is still registering; synchronize its first post")
+        self.control.report(stream.flush(waiter))
+
+    def leave(self) -> None:
+        """Begin shutdown: flush every stream (in id order) once it is idle, then say goodbye."""
+        self.leaving = True
+        self._to_flush = set(self.by_id) - self._flushed
+        self._progress_leaving()
+
+    @property
+    def left(self) -> bool:
+        """Shutdown is complete as far as the protocol goes (reductions may still run)."""
+        return self.leaving and self.closed and not self._to_flush and not self.waiting
+
+    @property
+    def waiting(self) -> bool:
+        """Some post or flush of this rank is not done."""
+        return bool(self._held) or any(s.waiter is not None for s in self.streams.values())
+
+    def fail(self) -> list[Waiter]:
+        """Forget every call in progress (this rank failed); returns their waiters."""
+        out = [w for _, _, w in self._held.values()]
+        self._held.clear()
+        for stream in self.streams.values():
+            if stream.waiter is not None:
+                out.append(stream.waiter)
+                stream.waiter = None
+        return out
+
+    # -- events -------------------------------------------------------------------------
+
+    def on_message(self, source: int, message) -> None:
+        handler = self._decisions.get(type(message))
+        if handler is None:
+            self.control.on_message(source, message)
+        else:
+            handler(message)
+        if self.leaving:
+            self._progress_leaving()
+
+    def for_control(self, message) -> bool:
+        """Whether ``message`` goes to the control policy (rather than being one of its decisions)."""
+        return type(message) not in self._decisions
+
+    def complete(self, stream: RankStream, launch: Launch, reduced: list | None) -> RoundResult:
+        """The reduction ``launch`` finished with ``reduced`` (None: nothing was sent anywhere)."""
+        waiter = stream.complete(launch, reduced)
+        result = waiter.results[-1] if waiter is not None else stream.results[-1]
+        self.host.reduced(stream, launch, result)
+        if waiter is not None:
+            self.host.finished(stream, waiter)
+        self.control.round_completed(stream, launch)
+        if self.leaving:
+            self._progress_leaving()
+        return result
+
+    # -- decisions from the control policy ----------------------------------------------------
+
+    def _on_start(self, message: Start) -> None:
+        stream = self.by_id[message.stream]
+        self.host.launch(stream, stream.on_start(message))
+
+    def _on_registered(self, message: Registered) -> None:
+        stream = self.streams[message.name]
+        stream.id = message.stream
+        self.by_id[message.stream] = stream
+        buffers, owned, waiter = self._held.pop(message.name)
+        self._after_post(stream, waiter, *stream.post(buffers, owned, waiter, registered=False))
+        if self.leaving:
+            self._to_flush.add(message.stream)
+
+    def _on_rejected(self, message: Rejected) -> None:
+        self.streams.pop(message.name, None)
+        held = self._held.pop(message.name, None)
+        if held is not None:
+            self.host.refused(held[2], MismatchError(f"rank {self.rank}: {message.reason}"))
+
+    def _on_flush_begun(self, message: FlushBegun) -> None:
+        problem = self.by_id[message.stream].on_flush_begun(message)
+        if problem is not None:
+            # A round of this stream is in flight that the flushing rank will
+            # never join; it cannot be cancelled, so this rank stops.
+            self.host.failed(MismatchError(problem))
+
+    def _on_closed(self, message: Closed) -> None:
+        self.closed = True
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _after_post(self, stream: RankStream, waiter: Waiter, msg, launch, done) -> None:
+        if msg is not None:
+            self.control.report(msg)
+        if launch is not None:
+            self.host.launch(stream, launch)
+        if done:
+            self.host.finished(stream, waiter)
+
+    def _progress_leaving(self) -> None:
+        for sid in sorted(self._to_flush):
+            stream = self.by_id[sid]
+            if stream.waiter is None:
+                self.control.report(stream.flush(Waiter("flush")))
+                self._to_flush.discard(sid)
+                self._flushed.add(sid)
+        if not self._to_flush and self._goodbye_sent != frozenset(self._flushed):
+            self._goodbye_sent = frozenset(self._flushed)
+            self.control.report(Goodbye(self.rank, tuple(sorted(self._flushed))))
