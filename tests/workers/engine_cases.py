@@ -23,6 +23,21 @@ def expect(exc_type, fn, *args, **kwargs):
     raise AssertionError(f"{fn.__name__} did not raise {exc_type.__name__}")
 
 
+def local_stream(name):
+    """This rank's protocol state of stream ``name`` (read-only, to wait on its progress)."""
+    return hvd.api._engine._streams[name]
+
+
+def wait_until(condition, what, limit=60.0):
+    """Wait for a condition of the engine's state; the test's timeout names a rank stuck here."""
+    phase(f"waiting for {what}")
+    deadline = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"rank {hvd.rank()}: {what} never came")
+        time.sleep(0.001)
+
+
 if case == "before_init":
     out = {"post": expect(hvd.NotInitializedError, hvd.partial_allreduce, np.ones(2), "x"),
            "rank": expect(hvd.NotInitializedError, hvd.rank)}
@@ -261,16 +276,23 @@ elif case == "sync_uneven":
     rank = hvd.rank()
     got = [r for _ in range(3) for r in hvd.partial_allreduce(np.ones(2), "g", mode=hvd.Sync(), op=hvd.Sum)]
     out = {"rounds": [r.round for r in got]}
+    stream = local_stream("g")
     try:
         if rank == 0:
-            if timing == "in_flight":
-                time.sleep(0.5)
+            if timing == "in_flight":  # flush once every other rank has started its round 3
+                for peer in range(1, hvd.size()):
+                    MPI.COMM_WORLD.recv(source=peer, tag=77)
             got += hvd.flush("g")
         else:
-            if timing == "late":
-                time.sleep(0.5)
-            out["extra"] = expect(hvd.MismatchError, hvd.partial_allreduce, np.ones(2), "g", mode=hvd.Sync(),
-                                  op=hvd.Sum)
+            if timing == "late":  # post once rank 0's flush is known on this rank
+                wait_until(lambda: stream.flush_begun is not None, "rank 0's flush notice")
+                out["extra"] = expect(hvd.MismatchError, hvd.partial_allreduce, np.ones(2), "g", mode=hvd.Sync(),
+                                      op=hvd.Sum)
+            else:
+                handle = hvd.partial_allreduce_async(np.ones(2), "g", mode=hvd.Sync(), op=hvd.Sum)
+                wait_until(lambda: stream.started == 4, "this rank's round 3")
+                MPI.COMM_WORLD.send(None, dest=0, tag=77)
+                out["extra"] = expect(hvd.MismatchError, hvd.synchronize, handle)
             got += hvd.flush("g")  # the way out once refused: flush like rank 0
         out["rounds"] = [r.round for r in got]
         out["summed"] = np.sum([r.array for r in got], axis=0)
