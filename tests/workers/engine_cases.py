@@ -25,7 +25,7 @@ def expect(exc_type, fn, *args, **kwargs):
 
 def local_stream(name):
     """This rank's protocol state of stream ``name`` (read-only, to wait on its progress)."""
-    return hvd.api._engine._streams[name]
+    return hvd.session.current().engine._streams[name]
 
 
 def wait_until(condition, what, limit=60.0):
@@ -314,9 +314,30 @@ elif case == "no_leak":
         hvd.init()
         hvd.partial_allreduce(np.ones(1 << 16, np.float32), "solo", mode=hvd.Solo())
         hvd.partial_allreduce(np.ones(1 << 16, np.float32), "sync", mode=hvd.Sync())
-        engines.append(weakref.ref(hvd.api._engine))
+        engines.append(weakref.ref(hvd.session.current().engine))
         hvd.shutdown()
     report({"alive_after_shutdown": sum(ref() is not None for ref in engines)})
+
+elif case == "reinit":
+    # init -> shutdown -> init: the second run starts from nothing (a stream
+    # name may come back with other settings; config and stats are the new run's).
+    out = {}
+    hvd.init(max_staleness=3)
+    first = hvd.session.current()
+    out["first"] = [r.round for r in hvd.partial_allreduce(np.ones(4), "s", mode=hvd.Solo(), op=hvd.Sum)]
+    out["first_tau"] = hvd.config().max_staleness
+    hvd.shutdown()
+    out["between"] = expect(hvd.NotInitializedError, hvd.rank)
+    out["session_dropped"] = hvd.session.current() is None
+    hvd.init(max_staleness=5)
+    out["new_session"] = hvd.session.current() is not first
+    out["second_tau"] = hvd.config().max_staleness
+    got = [hvd.partial_allreduce(np.full(3, 2.0, np.float32), "s", mode=hvd.Sync(), op=hvd.Sum) for _ in range(2)]
+    out["second"] = [[r.round, r.array.tolist()] for rounds in got for r in rounds]
+    out["stats_rounds"] = hvd.stats()["s"]["rounds"]
+    out["rank"] = hvd.rank()
+    hvd.shutdown()
+    report(out)
 
 elif case == "doorbell":
     # Only rank 1 posts to a solo stream; the other engines are idle, polling
@@ -325,7 +346,7 @@ elif case == "doorbell":
     # others' next poll unless their doorbells wake them.
     hvd.init(idle_poll_ms=float(sys.argv[2]), doorbell_poll_ms=float(sys.argv[2]))
     rank = hvd.rank()
-    engine = hvd.api._engine
+    engine = hvd.session.current().engine
     waits = []
     if rank == 1:
         hvd.partial_allreduce(np.ones(4), "bell", mode=hvd.Solo())  # registration
@@ -350,7 +371,7 @@ elif case == "wakeups":
     # idle_poll_ms, 2 s here, at a time). A wake-up lost at the edge between
     # spinning and sleeping would cost a post the rest of a 2 s sleep.
     hvd.init(idle_poll_ms=2000.0, doorbell_poll_ms=2000.0)
-    spin = hvd.api._engine.config.spin_us / 1e6
+    spin = hvd.session.current().engine.config.spin_us / 1e6
     gaps = [0.0, spin / 2, spin * 0.9, spin, spin * 1.1, spin * 2, 1e-3, 5e-3, 0.03]
     order = np.random.default_rng(7).permutation(np.repeat(np.arange(len(gaps)), 12))  # same on every rank
     hvd.partial_allreduce(np.ones(4), "w", mode=hvd.Sync())
@@ -393,7 +414,7 @@ elif case == "large_rounds":
     report({"sync_same": sync_same, "conserved": [bool(float(m.sum()) == float(e)) for m, e in zip(mine, everyone)],
             "uniform": [bool((m == m.flat[0]).all()) for m in mine], "digests": digests,
             "stale": int(sum(sum(v > 0 for v in r.staleness.values()) for r in rounds)),
-            "poll": hvd.api._engine.config.reduce_poll_us})
+            "poll": hvd.session.current().engine.config.reduce_poll_us})
     hvd.shutdown()
 
 elif case == "rung_receive":
