@@ -259,8 +259,8 @@ def _post(engine: Engine, arrays, name, mode, op, max_staleness, grouped: bool) 
             if a.dtype.kind != "f":
                 raise UnsupportedInputError(
                     f"op=Average needs floating-point arrays; stream {name!r} has {a.dtype.name} (use op=Sum)")
-    layout = Layout.of(arrays)
-    signature = StreamSignature(layout.entries, grouped, mode.describe(), op.value, tau)
+    layout = Layout.of(arrays, current.config.fusion_threshold_bytes if grouped else None)
+    signature = StreamSignature(layout.described, grouped, mode.describe(), op.value, tau)
     with current.lock:
         known = current.signatures.get(name)
         if known is None:

@@ -339,6 +339,34 @@ elif case == "reinit":
     hvd.shutdown()
     report(out)
 
+elif case == "fusion_buckets":
+    # A grouped solo stream whose fused buffers are bounded by a small
+    # fusion_threshold_bytes: several MPI buffers, one stream, so every
+    # bucket takes the same rounds; ranks out of step lose nothing.
+    hvd.init(fusion_threshold_bytes=int(sys.argv[2]))
+    rank, size = hvd.rank(), hvd.size()
+    shapes = [(256,), (64, 4), (300,), (16,), (500,)]
+    dtypes = [np.float32, np.float32, np.float64, np.float32, np.float64]
+    posted = [np.zeros(s, d) for s, d in zip(shapes, dtypes)]
+    taken = [np.zeros(s, d) for s, d in zip(shapes, dtypes)]
+    rounds = []
+    for step in range(10):
+        time.sleep(0.003 * ((rank + step) % size))  # out of step: stale and fresh contributions mix
+        arrays = [np.full(s, float(rank + 1 + step + i), d) for i, (s, d) in enumerate(zip(shapes, dtypes))]
+        for acc, a in zip(posted, arrays):
+            acc += a
+        rounds += hvd.synchronize(hvd.grouped_partial_allreduce_async(arrays, "fused", mode=hvd.Solo(), op=hvd.Sum))
+    rounds += hvd.flush("fused")
+    for r in rounds:
+        for acc, a in zip(taken, r.arrays):
+            acc += a
+    everyone = [np.asarray(MPI.COMM_WORLD.allreduce(p)) for p in posted]
+    layout_groups = hvd.session.current().engine._streams["fused"].layout.groups
+    report({"conserved": [bool(np.array_equal(t, e)) for t, e in zip(taken, everyone)],
+            "buckets": [list(idx) for _, idx in layout_groups],
+            "rounds": [(r.round, [float(a.sum()) for a in r.arrays]) for r in rounds]})
+    hvd.shutdown()
+
 elif case == "doorbell":
     # Only rank 1 posts to a solo stream; the other engines are idle, polling
     # every idle_poll_ms (without doorbells) or doorbell_poll_ms (with), both
