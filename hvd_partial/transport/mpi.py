@@ -220,7 +220,3 @@ class MpiTransport:
                 comm.Free()
             except MPI.Exception:  # pragma: no cover - freeing after a failure
                 pass
-
-    @staticmethod
-    def library_version() -> str:
-        return MPI.Get_library_version().strip().splitlines()[0]
