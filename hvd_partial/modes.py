@@ -1,7 +1,8 @@
 """Reduction modes and ops.
 
-A mode decides when a round of a stream starts; adding a mode touches only
-this module and :mod:`hvd_partial.core.coordinator`.
+A mode decides when a round of a stream starts: the control policy asks it
+(:meth:`Mode.choose_initiator`) with the facts of the round it may start.
+Adding a mode touches only this module.
 
 Example::
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from enum import Enum
+from typing import Callable, ClassVar, Sequence
 
 from .errors import ConfigError
 
@@ -32,8 +34,28 @@ Sum = ReduceOp.SUM
 
 
 @dataclass(frozen=True)
+class RoundFacts:
+    """What the control policy knows when round ``round`` of stream ``stream``
+    may start. ``views[j]`` has rank j's ``taken`` count, whether a post of it
+    ``waiting`` for the round, and whether it is ``flushing``; ``pending(j)``:
+    rank j holds data not yet in any round; ``training``: ranks not flushing;
+    ``trigger``: the rank whose post prompted the decision, if any."""
+
+    stream: str
+    round: int
+    world_size: int
+    views: Sequence
+    training: list
+    pending: Callable[[int], bool]
+    trigger: int | None
+
+
+@dataclass(frozen=True)
 class Mode:
     """Base of the modes; instances are immutable and compare by value."""
+
+    # Whether a control policy starts the rounds (sync rounds start when every rank posts).
+    decided: ClassVar[bool] = True
 
     @property
     def kind(self) -> str:
@@ -42,6 +64,11 @@ class Mode:
     def describe(self) -> tuple:
         """A hashable description, compared across ranks at registration."""
         return (self.kind,)
+
+    def choose_initiator(self, facts: RoundFacts) -> int | None:
+        """The initiator of the round if it may start now (the staleness bound
+        already holds), else None."""
+        raise NotImplementedError(f"{self!r} has no rule to start a round")
 
 
 @dataclass(frozen=True)
@@ -53,6 +80,8 @@ class Sync(Mode):
         hvd.partial_allreduce(grad, "grads", mode=hvd.Sync())
     """
 
+    decided: ClassVar[bool] = False
+
 
 @dataclass(frozen=True)
 class Solo(Mode):
@@ -63,6 +92,13 @@ class Solo(Mode):
 
         hvd.partial_allreduce(grad, "grads", mode=hvd.Solo())
     """
+
+    def choose_initiator(self, facts: RoundFacts) -> int | None:
+        # Someone's post waits for this round: it starts now, by that rank.
+        needers = [j for j in facts.training if facts.views[j].waiting and facts.views[j].taken >= facts.round]
+        if not needers:
+            return None
+        return facts.trigger if facts.trigger is not None else needers[0]
 
 
 @dataclass(frozen=True)
@@ -90,6 +126,18 @@ class Majority(Mode):
     def describe(self) -> tuple:
         return (self.kind, self.seed, self.quorum)
 
+    def choose_initiator(self, facts: RoundFacts) -> int | None:
+        designated = self.initiator(facts.stream, facts.round, facts.world_size)
+        # A flushing designated rank stands in for its post (it no longer trains).
+        if not (facts.pending(designated) or facts.views[designated].flushing):
+            return None
+        holders = sum(1 for j in range(facts.world_size) if facts.pending(j))
+        if holders == 0:
+            return None
+        if self.quorum is not None and holders < min(self.quorum, len(facts.training)):
+            return None
+        return designated
+
     def initiator(self, stream: str, round_number: int, world_size: int) -> int:
         """The designated initiator of ``round_number``: a pure function of
         (seed, stream, round), identical in every process."""
@@ -100,6 +148,12 @@ def designated_initiator(seed: int, stream: str, round_number: int, world_size: 
     # blake2b rather than hash(): Python salts str hashes per process.
     digest = hashlib.blake2b(f"{seed}\0{stream}\0{round_number}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") % world_size
+
+
+def mode_from_description(description: tuple) -> Mode:
+    """The mode that ``Mode.describe()`` described."""
+    kind, *args = description
+    return mode_from_name(kind, *args)
 
 
 def mode_from_name(name: str, seed: int = 0, quorum: int | None = None) -> Mode:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..modes import designated_initiator
+from ..modes import Mode, RoundFacts, mode_from_description
 from .messages import (Closed, Flush, FlushBegun, Goodbye, Post, Register, Registered, Rejected, Start,
                        StreamSignature)
 
@@ -47,14 +47,11 @@ class StreamState:
     id: int
     signature: StreamSignature
     views: list[RankView]
+    mode: Mode
     started: int = 0
     completed: int = 0
     # facts kept for the participation report
     initiated: list[int] = field(default_factory=list)
-
-    @property
-    def kind(self) -> str:
-        return self.signature.mode[0]
 
     @property
     def in_flight(self) -> bool:
@@ -103,11 +100,12 @@ class Coordinator:
         # therefore waits for (and sums) every rank's first contribution.
         views = [RankView(taken=0, waiting=True, pending_posts=deque([(1, 0)]))
                  for _ in range(self.world_size)]
-        state = StreamState(msg.name, sid, reference, views, initiated=[0] * self.world_size)
+        state = StreamState(msg.name, sid, reference, views, mode_from_description(reference.mode),
+                            initiated=[0] * self.world_size)
         self.streams.append(state)
         self._by_name[msg.name] = sid
         out: list = [Registered(msg.name, sid)]
-        if state.kind != "sync":
+        if state.mode.decided:
             out += self._start_round(state, initiator=None, flush=False)
         return out
 
@@ -144,7 +142,7 @@ class Coordinator:
         state = self.streams[msg.stream]
         view = state.views[msg.rank]
         out: list = []
-        if state.kind == "sync" and not any(v.flushing for v in state.views):
+        if not state.mode.decided and not any(v.flushing for v in state.views):
             # The ranks must all have posted as often (msg.taken rounds): tell
             # them, so that one which posted more fails rather than waits.
             out.append(FlushBegun(state.id, msg.rank, msg.taken))
@@ -176,7 +174,7 @@ class Coordinator:
         """Rank 0's engine completed ``round_number`` of ``stream``; ``included``
         maps each contributing rank to the last post it summed in the round."""
         state = self.streams[stream]
-        if state.kind == "sync":
+        if not state.mode.decided:
             return []
         state.completed = round_number + 1
         for rank, last_seq in (included or {}).items():
@@ -191,7 +189,7 @@ class Coordinator:
 
     def _maybe_start(self, state: StreamState, trigger: int | None) -> list:
         if all(v.flushing for v in state.views):
-            if state.kind == "sync":
+            if not state.mode.decided:  # a sync stream's flush round: no contributors
                 for v in state.views:
                     v.flushing = False
                 return [Start(state.id, None, None, flush=True)]
@@ -200,7 +198,7 @@ class Coordinator:
             return self._start_round(state, initiator=None, flush=True)
         # The next round may start while rank 0 still completes the previous
         # one (a rank that already took it asks for more): never two ahead.
-        if state.kind == "sync" or state.started - state.completed > 1:
+        if not state.mode.decided or state.started - state.completed > 1:
             return []
         initiator = self._ready(state, trigger)
         if initiator is None:
@@ -226,24 +224,8 @@ class Coordinator:
             v = views[j]
             if not (v.taken >= r - tau + 1 or pending(v)):
                 return None
-        if state.kind == "solo":
-            needers = [j for j in training if views[j].waiting and views[j].taken >= r]
-            if not needers:
-                return None
-            return trigger if trigger is not None else needers[0]
-        if state.kind == "majority":
-            _, seed, quorum = state.signature.mode
-            designated = designated_initiator(seed, state.name, r, self.world_size)
-            dv = views[designated]
-            if not (pending(dv) or dv.flushing):
-                return None
-            holders = sum(1 for v in views if pending(v))
-            if holders == 0:
-                return None
-            if quorum is not None and holders < min(quorum, len(training)):
-                return None
-            return designated
-        raise ValueError(f"unknown mode {state.kind!r}")
+        return state.mode.choose_initiator(RoundFacts(state.name, r, self.world_size, views, training,
+                                                      lambda j: pending(views[j]), trigger))
 
     def _start_round(self, state: StreamState, initiator: int | None, flush: bool) -> list:
         r = state.started
