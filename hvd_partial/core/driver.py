@@ -12,7 +12,7 @@ without a coordinator can replace it.
 
 Example::
 
-    driver = Driver(rank, size, host)  # host: send, launch, reduced, finished, refused, failed
+    driver = Driver(rank, size, host)  # host: send, registered, launch, reduced, finished, refused, failed
     driver.post("g", [buf], False, layout, False, False, Sum, signature, Waiter("post"))
     driver.on_message(source, message)  # for every message from a peer
     driver.complete(stream, launch, reduced)  # for every reduction that finished
@@ -34,6 +34,9 @@ class DriverHost(Protocol):
 
     def send(self, dest: int, message) -> None:
         """Deliver ``message`` to rank ``dest`` (this rank too), in order per pair of ranks."""
+
+    def registered(self, stream: RankStream) -> None:
+        """``stream`` got its id; streams register in the same order on every rank."""
 
     def launch(self, stream: RankStream, launch: Launch) -> None:
         """Start the reduction ``launch``; call ``Driver.complete`` when it finished."""
@@ -58,7 +61,9 @@ class Driver:
         self.rank = rank
         self.size = size
         self.host = host
-        self.control = control if control is not None else CentralControl(rank, size, host.send)
+        # The policy sends through the driver, which holds its host as given
+        # (the engine passes a weak proxy: no cycle keeps a stopped engine alive).
+        self.control = control if control is not None else CentralControl(rank, size, self._send)
         self.streams: dict[str, RankStream] = {}
         self.by_id: dict[int, RankStream] = {}
         self._held: dict[str, tuple] = {}  # first posts waiting for registration: (buffers, owned, waiter)
@@ -158,6 +163,7 @@ class Driver:
         stream = self.streams[message.name]
         stream.id = message.stream
         self.by_id[message.stream] = stream
+        self.host.registered(stream)
         buffers, owned, waiter = self._held.pop(message.name)
         self._after_post(stream, waiter, *stream.post(buffers, owned, waiter, registered=False))
         if self.leaving:
@@ -180,6 +186,9 @@ class Driver:
         self.closed = True
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _send(self, dest: int, message) -> None:
+        self.host.send(dest, message)
 
     def _after_post(self, stream: RankStream, waiter: Waiter, msg, launch, done) -> None:
         if msg is not None:

@@ -123,17 +123,13 @@ class Observer:
 
     # ===== engine hooks (engine thread) ============================================
 
-    def on_command(self, cmd) -> None:
-        kind = type(cmd).__name__
-        handle = getattr(cmd, "handle", None)
-        if handle is None or kind == "AbortCommand":
-            return
+    def on_call(self, handle, description: str, post_stream: str | None = None) -> None:
+        """A call was submitted: ``description`` names it (``post 'g'``);
+        ``post_stream`` is the stream of a post."""
         self._last_submit = handle.posted_at
-        name = getattr(cmd, "name", None)
-        self._last_call = {"PostCommand": f"post {name!r}", "FlushCommand": f"flush {name!r}",
-                           "HelperCommand": handle.name, "ShutdownCommand": "shutdown"}.get(kind, kind)
-        if self.timeline is not None and kind == "PostCommand":
-            self.timeline.post(name, handle.posted_at)
+        self._last_call = description
+        if self.timeline is not None and post_stream is not None:
+            self.timeline.post(post_stream, handle.posted_at)
 
     def on_finish(self, stream: str, waiter) -> None:
         handle = waiter.handle
@@ -186,8 +182,7 @@ class Observer:
     # ===== status and stall inspector ================================================
 
     def _own_status(self, now: float) -> RankStatus:
-        engine = self.engine
-        busy = bool(engine._pending_handles) or engine._leaving
+        busy = self.engine.busy
         with self._lock:
             windows = list(self._windows.items())
         return RankStatus(self.rank, now - self._last_submit, busy, self._last_call,
@@ -197,9 +192,7 @@ class Observer:
         status = self._own_status(now)
         with self._lock:
             self._peers[self.rank] = (status, now)
-        for dest in range(self.size):
-            if dest != self.rank:
-                self.engine.transport.send(dest, TAG_STATUS, status)
+        self.engine.tell_peers(TAG_STATUS, status)
 
     def _inspect(self, now: float) -> None:
         """Find stalled ranks; warn, or fail past the shutdown time."""
@@ -237,7 +230,7 @@ class Observer:
                                 reason, shutdown)
                 # No notice to the others: each rank reaches this verdict from the same
                 # statuses within one status period, and raises StalledRankError itself.
-                self.engine._fail(StalledRankError(j, f"stalled: {reason} (stall_shutdown_seconds={shutdown:g})"),
+                self.engine.fail(StalledRankError(j, f"stalled: {reason} (stall_shutdown_seconds={shutdown:g})"),
                                   notify=False)
                 return
             last = self._warned_at.get(j)
@@ -264,7 +257,7 @@ class Observer:
         shutdown = self.config.stall_shutdown_seconds
         if shutdown > 0 and waited >= shutdown:
             stall_log.error("rank %d: %s; stall_shutdown_seconds=%g: failing every rank", self.rank, reason, shutdown)
-            self.engine._fail(StalledRankError(None, f"{reason} (stall_shutdown_seconds={shutdown:g})"), notify=False)
+            self.engine.fail(StalledRankError(None, f"{reason} (stall_shutdown_seconds={shutdown:g})"), notify=False)
             return
         last = self._warned_at.get(-1)
         if self.config.stall_warning_seconds > 0 and (last is None or now - last >= warn_after):

@@ -21,12 +21,12 @@ from .doorbell import Doorbell
 
 log = logging.getLogger("hvd_partial.transport")
 
-TAG_TO_COORDINATOR = 11
-TAG_FROM_COORDINATOR = 12
+TAG_PROTOCOL = 11  # every message between two ranks' protocol drivers
+TAG_FROM_COORDINATOR = 12  # no longer sent by the engine (one tag keeps the drivers' messages in order)
 TAG_HEARTBEAT = 13
 TAG_FAILURE = 14
 # Messages an idle engine must act on at once: its doorbell is rung after them.
-_URGENT_TAGS = frozenset({TAG_TO_COORDINATOR, TAG_FROM_COORDINATOR, TAG_FAILURE})
+_URGENT_TAGS = frozenset({TAG_PROTOCOL, TAG_FROM_COORDINATOR, TAG_FAILURE})
 # Sends that had not completed when their transport was freed (after a failure,
 # or a peer that never took them): kept alive for the life of the process.
 _UNFINISHED_SENDS: list = []

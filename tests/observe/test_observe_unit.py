@@ -122,24 +122,20 @@ def test_format_report_lists_every_rank():
 
 # ===== stall inspector rule ==========================================================
 
-class _FakeTransport:
-    def __init__(self):
-        self.sent = []
-
-    def send(self, dest, tag, message):
-        self.sent.append((dest, tag, message))
-
-
 class _FakeEngine:
+    """The engine's surface the observer may use, and nothing more."""
+
     def __init__(self, rank=0, size=3, **config):
         self.config = Config(**config)
         self.rank, self.size = rank, size
-        self.transport = _FakeTransport()
-        self._pending_handles = set()
-        self._leaving = False
+        self.busy = False
+        self.sent = []
         self.failure = None
 
-    def _fail(self, error, notify):
+    def tell_peers(self, tag, message):
+        self.sent.append((tag, message))
+
+    def fail(self, error, notify=False):
         self.failure = error
 
 

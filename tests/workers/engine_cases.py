@@ -25,7 +25,7 @@ def expect(exc_type, fn, *args, **kwargs):
 
 def local_stream(name):
     """This rank's protocol state of stream ``name`` (read-only, to wait on its progress)."""
-    return hvd.session.current().engine._streams[name]
+    return hvd.session.current().engine._driver.streams[name]
 
 
 def wait_until(condition, what, limit=60.0):
@@ -361,7 +361,7 @@ elif case == "fusion_buckets":
         for acc, a in zip(taken, r.arrays):
             acc += a
     everyone = [np.asarray(MPI.COMM_WORLD.allreduce(p)) for p in posted]
-    layout_groups = hvd.session.current().engine._streams["fused"].layout.groups
+    layout_groups = hvd.session.current().engine._driver.streams["fused"].layout.groups
     report({"conserved": [bool(np.array_equal(t, e)) for t, e in zip(taken, everyone)],
             "buckets": [list(idx) for _, idx in layout_groups],
             "rounds": [(r.round, [float(a.sum()) for a in r.arrays]) for r in rounds]})

@@ -1,0 +1,88 @@
+"""Command intake: what compute threads ask of the engine thread.
+
+A compute thread appends a command and pokes the engine; the engine thread
+takes every queued command at the start of each step. Each command carries
+the :class:`~hvd_partial.engine.handle.Handle` its caller waits on.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..core.fusion import Layout
+from ..core.messages import StreamSignature
+from ..modes import ReduceOp
+from .handle import Handle
+
+
+@dataclass
+class PostCommand:
+    name: str
+    buffers: list
+    owned: bool
+    layout: Layout
+    grouped: bool
+    sync: bool
+    op: ReduceOp
+    signature: StreamSignature
+    handle: Handle
+
+    def describe(self) -> str:
+        return f"post {self.name!r}"
+
+
+@dataclass
+class FlushCommand:
+    name: str
+    handle: Handle
+
+    def describe(self) -> str:
+        return f"flush {self.name!r}"
+
+
+@dataclass
+class HelperCommand:
+    start: Callable[[], Any]  # returns a generator that yields MPI requests
+    handle: Handle
+
+    def describe(self) -> str:
+        return self.handle.name
+
+
+@dataclass
+class ShutdownCommand:
+    handle: Handle
+
+    def describe(self) -> str:
+        return "shutdown"
+
+
+@dataclass
+class AbortCommand:
+    reason: str
+    handle: Handle
+
+    def describe(self) -> str:
+        return "abort"
+
+
+class CommandIntake:
+    """The queue between compute threads and the engine thread. ``poke`` is
+    called after every append: it wakes the engine thread if it sleeps."""
+
+    def __init__(self):
+        self._queue: deque = deque()
+        self.poke: Callable[[], None] = lambda: None
+
+    def submit(self, command) -> None:
+        self._queue.append(command)
+        self.poke()
+
+    def __bool__(self) -> bool:
+        return bool(self._queue)
+
+    def take(self):
+        """The oldest command (engine thread; only while there is one)."""
+        return self._queue.popleft()

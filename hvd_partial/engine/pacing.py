@@ -1,0 +1,192 @@
+"""The engine's idle/wake policy: what the engine thread does after a step
+that found no work, and how compute threads and peers wake it.
+
+It never blocks in MPI; it polls with a back-off, so the training threads
+keep their CPU. A sleeping engine is woken by a compute thread's poke (its
+doorbell where the transport has one, else a lock) or a peer's ring.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+# While a reduction is in flight the engine tests only it for this long before
+# looking at commands and control messages again (bounds their extra latency).
+_FOCUS_SECONDS = 2e-4
+# How long a post waiting for its round to start is watched continuously
+# before the engine naps; see Pacing.nap_while_waiting. (1 ms made balanced
+# majority steps a few % slower than 3 ms: the designated rank's jitter.)
+_START_PATIENCE_SECONDS = 3e-3
+# A nap lasts this fraction of the time waited so far (see
+# nap_while_waiting for its bounds): a message that comes mid-nap without a
+# ring is seen at most that much later, relative to the wait, while a long
+# wait costs few wake-ups.
+_NAP_FRACTION = 0.25
+_NAP_MIN_SECONDS = 5e-5
+# With doorbells, the short naps (back-off from 40 us, about 1.2 ms in all) an
+# idle engine takes after a wake-up that found nothing, before it sleeps
+# doorbell_poll_ms at a time again.
+_RECHECKS = 5
+
+
+class Pacing:
+    """Sleep and wake-up of one engine thread.
+
+    ``commands_waiting()`` says whether a compute thread queued a command.
+    """
+
+    def __init__(self, config, bell, size: int, relays_activations: bool, commands_waiting):
+        self._bell = bell
+        self._bell_covers_all = bell is not None and bell.reachable == size - 1
+        self._bell_poll = config.doorbell_poll_ms / 1000.0
+        self._nap_max = config.idle_poll_ms / 1000.0
+        self._spin = config.spin_us / 1e6
+        self._poll_max = config.idle_poll_ms / 1000.0
+        if relays_activations and (bell is None or bell.reachable < size - 1):
+            self._poll_max /= 4  # other ranks' activations pass through here, not all by doorbell
+        self._commands_waiting = commands_waiting
+        # Unlocked means "a wake-up is pending": a bare lock is much cheaper to
+        # hand between threads than threading.Event, and every post passes here.
+        self._wake = threading.Lock()
+        # True only while the engine thread sleeps: compute threads wake it
+        # (a syscall on each side) only then. It is set before the thread's
+        # last look at the command queue, so no command can slip by unseen.
+        self._asleep = False
+        self._idle = 0
+        self._recheck = 0  # short naps left after a wake-up that found nothing yet
+        self._awake_until = 0.0
+        self._rung_unanswered = False  # a nap ended by a ring, and no step found work since
+        self.unsent = 0  # control messages still queued in MPI after the last step
+
+    # -- compute-thread side ----------------------------------------------------------
+
+    def poke(self) -> None:
+        """Wake the engine thread if it sleeps (it sees the change otherwise)."""
+        if not self._asleep:
+            return
+        if self._bell is not None:
+            self._bell.poke()
+            return
+        try:
+            self._wake.release()
+        except RuntimeError:  # already unlocked: a wake-up is pending anyway
+            pass
+
+    # -- engine thread ------------------------------------------------------------------
+
+    def take_ring(self) -> bool:
+        """A peer rang since the last look (a message is probably there)."""
+        return self._bell is not None and self._bell.take_ring()
+
+    def worked(self) -> None:
+        """The last step found work: stay awake a little, more usually follows."""
+        self._idle = self._recheck = 0
+        self._rung_unanswered = False
+        self._awake_until = time.perf_counter() + self._spin
+
+    def rest(self, reductions, helper_busy: bool, oldest_wait: float | None) -> None:
+        """After a step that found no work. ``oldest_wait``: when the oldest
+        call still waiting was made (None: no call waits)."""
+        self._idle += 1
+        idle = self._idle
+        if reductions.in_flight:
+            # A reduction progresses only inside MPI calls: stay in them
+            # and look at the rest now and then.
+            reductions.poll(time.perf_counter() + _FOCUS_SECONDS, self._commands_waiting)
+        elif helper_busy:
+            # A helper collective in progress needs this engine in MPI.
+            if idle < 5000:
+                os.sched_yield()
+            else:
+                time.sleep(1e-4)
+        elif oldest_wait is not None:
+            # A compute thread waits for a round to start: look closely
+            # for a while, yielding. (Sleeping on the doorbell at once,
+            # woken by the start of the round, made posts of 4 B to 1 MiB
+            # slower by 0.2-0.6 ms on this VM: the datagram's wake-up is
+            # slow.) A longer wait is for another rank's computation:
+            # nap then, or this engine takes the CPU from the ranks it
+            # waits for where ranks outnumber cores.
+            self.nap_while_waiting(oldest_wait)
+        elif time.perf_counter() < self._awake_until:
+            # Work just happened and more usually follows (the next post
+            # of a training loop): stay awake a little, yielding. A sleep
+            # and its wake-up cost tens of microseconds of CPU on each side.
+            os.sched_yield()
+        elif self._bell is not None:
+            self._sleep_on_bell(idle)
+        else:
+            self._asleep = True
+            self._wake.acquire(blocking=False)  # consume a pending wake-up
+            if not self._commands_waiting():
+                self._wake.acquire(timeout=min(self._poll_max, 2e-5 * idle))
+            self._asleep = False
+
+    def _sleep_on_bell(self, idle: int) -> None:
+        # Nothing in flight: sleep, but wake at once on a new command
+        # or a peer's urgent message, then poll closely again.
+        if self._bell_covers_all and not self.unsent and not self._recheck:
+            # Every message that needs this engine rings it and
+            # every post pokes it, so no back-off: the timer only
+            # catches a lost ring. Each wake-up preempts a
+            # computing thread (see doorbell_poll_ms), so first
+            # consume the rings of messages already handled while
+            # awake, looking once more if there were any, rather
+            # than wake for them.
+            if self._bell.drain():
+                return
+            nap = self._bell_poll
+        else:
+            # Without doorbells from every peer; or after a wake-up
+            # that found nothing (a ring ahead of its message), or
+            # while this rank's own sends are queued in MPI (only
+            # its MPI calls move them): back off from short naps.
+            nap = min(self._poll_max, 2e-5 * (1 << min(idle, 20)))
+            self._recheck = max(0, self._recheck - 1)
+        self._asleep = True
+        if not self._commands_waiting() and self._bell.wait(nap):
+            self._idle = 0
+            self._recheck = _RECHECKS
+        self._asleep = False
+
+    def nap_while_waiting(self, since: float) -> None:
+        """While a post waits for its round to start: yield the CPU once or,
+        when the wait began over 3 ms ago (the oldest waiting call was made
+        at ``since``), nap a quarter of the time waited: from 50 us up to
+        ``doorbell_poll_ms`` where every peer can ring this rank's doorbell,
+        else up to ``idle_poll_ms``.
+
+        Such a wait is for another rank's computation (a majority round's
+        designated rank, a laggard holding the staleness bound), and the
+        round's start reaches this rank as a control message, which rings
+        its doorbell: a nap ends at once. Yielding instead took the CPU from
+        the ranks waited for, where ranks outnumber cores.
+        """
+        waited = time.perf_counter() - since
+        if waited < _START_PATIENCE_SECONDS:
+            os.sched_yield()
+            return
+        # Where every peer rings, the nap only bounds the delay of a lost ring
+        # (as when idle). It is at most idle_poll_ms while this rank's own
+        # sends are queued (only its MPI calls move them), and after a ring
+        # that found no message yet: a ring can come before MPI shows its
+        # message, and a long nap then made majority rounds under imbalance
+        # up to 13% slower.
+        long_ok = self._bell_covers_all and not self.unsent and not self._rung_unanswered
+        nap = min(self._bell_poll if long_ok else self._nap_max, max(_NAP_MIN_SECONDS, _NAP_FRACTION * waited))
+        if self._nap(nap):
+            self._rung_unanswered = True  # until a step finds work
+
+    def _nap(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; a new command wakes the engine at once, and
+        so does a peer's ring where there is a doorbell. True if woken so."""
+        self._asleep = True
+        try:
+            if self._bell is not None:
+                return self._commands_waiting() or self._bell.wait(seconds)
+            self._wake.acquire(blocking=False)  # consume a pending wake-up
+            return self._commands_waiting() or self._wake.acquire(timeout=seconds)
+        finally:
+            self._asleep = False
