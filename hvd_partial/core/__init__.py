@@ -7,4 +7,5 @@ from .fusion import Layout, check_array
 from .rank_stream import Launch, RankStream, Waiter
 from .round_result import RoundResult
 
-__all__ = ["CentralControl", "Coordinator", "Driver", "DriverHost", "Layout", "check_array", "Launch", "RankStream", "Waiter", "RoundResult"]
+__all__ = ["CentralControl", "Coordinator", "Driver", "DriverHost",
+           "Layout", "check_array", "Launch", "RankStream", "Waiter", "RoundResult"]

@@ -12,7 +12,7 @@ without a coordinator can replace it.
 
 Example::
 
-    driver = Driver(rank, size, host)  # host: send, registered, launch, reduced, finished, refused, failed
+    driver = Driver(rank, size, host)  # host: send, stream_registered, launch, reduced, finished, refused, failed
     driver.post("g", [buf], False, layout, False, False, Sum, signature, Waiter("post"))
     driver.on_message(source, message)  # for every message from a peer
     driver.complete(stream, launch, reduced)  # for every reduction that finished
@@ -35,7 +35,7 @@ class DriverHost(Protocol):
     def send(self, dest: int, message) -> None:
         """Deliver ``message`` to rank ``dest`` (this rank too), in order per pair of ranks."""
 
-    def registered(self, stream: RankStream) -> None:
+    def stream_registered(self, stream: RankStream) -> None:
         """``stream`` got its id; streams register in the same order on every rank."""
 
     def launch(self, stream: RankStream, launch: Launch) -> None:
@@ -163,7 +163,7 @@ class Driver:
         stream = self.streams[message.name]
         stream.id = message.stream
         self.by_id[message.stream] = stream
-        self.host.registered(stream)
+        self.host.stream_registered(stream)
         buffers, owned, waiter = self._held.pop(message.name)
         self._after_post(stream, waiter, *stream.post(buffers, owned, waiter, registered=False))
         if self.leaving:

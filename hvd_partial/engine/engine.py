@@ -313,7 +313,7 @@ class Engine:
     def send(self, dest: int, message) -> None:
         self._dispatch.send(dest, message)
 
-    def registered(self, stream: RankStream) -> None:
+    def stream_registered(self, stream: RankStream) -> None:
         self._reductions.add_stream(stream)
 
     def launch(self, stream: RankStream, launch: Launch) -> None:

@@ -73,7 +73,7 @@ class LoopbackRank:
         own = dest == self.rank and self.driver.for_control(message)
         world.channel(self.rank, dest, 1 if own else 0).append(message)
 
-    def registered(self, stream: RankStream) -> None:
+    def stream_registered(self, stream: RankStream) -> None:
         pass
 
     def launch(self, stream: RankStream, launch: Launch) -> None:

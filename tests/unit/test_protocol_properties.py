@@ -83,7 +83,6 @@ def check_eagerness(world, mode, tau, flushed) -> int:
 
 
 def check_invariants(world, total, owner, tau, mode):
-    ranks = world.ranks
     P = world.world_size
     reference = world.results(0)
     # Consistency: every rank took every round, in order, with identical results.
