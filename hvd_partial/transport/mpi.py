@@ -115,14 +115,10 @@ class MpiTransport:
         while True:
             handle = self.control.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, self._status)
             if handle is None:
-                # A probe matches what earlier progress brought in, and only
-                # then makes progress itself, one part of the shared-memory
-                # queues at a time: MPICH showed a message that had just
-                # arrived only to the 2nd probe on 2 ranks, the 3rd on 3 to 4,
-                # the 4th on 6 to 8, the 5th on 12 (ceil(log2(size)) misses).
-                # A rung engine that stopped at the first miss woke for
-                # nothing in half its wake-ups. (Looking twice on every
-                # receive, rung or not, made solo posts 5% slower.)
+                # A probe matches only what earlier progress brought in (MPICH
+                # needs about log2(size) probes to show a message that just
+                # arrived), so a rung engine looks again; an unrung one does
+                # not, which would slow every receive.
                 probes -= 1
                 if out or probes <= 0:
                     return out
