@@ -29,7 +29,7 @@ from ..core.rank_stream import Launch, RankStream, Waiter
 from ..errors import (EngineError, HvdPartialError, MismatchError, NotInitializedError, RankFailedError,
                       StreamConflictError, TooManyStreamsError)
 from ..modes import ReduceOp
-from ..transport.mpi import TAG_FAILURE, TAG_FROM_COORDINATOR, TAG_HEARTBEAT, TAG_TO_COORDINATOR
+from ..transport.tags import TAG_FAILURE, TAG_FROM_COORDINATOR, TAG_HEARTBEAT, TAG_TO_COORDINATOR
 from .handle import Handle
 from ..observe.monitor import TAG_STATUS
 from .stats import StatsRecorder

@@ -21,12 +21,8 @@ from .doorbell import Doorbell
 
 log = logging.getLogger("hvd_partial.transport")
 
-TAG_TO_COORDINATOR = 11
-TAG_FROM_COORDINATOR = 12
-TAG_HEARTBEAT = 13
-TAG_FAILURE = 14
-# Messages an idle engine must act on at once: its doorbell is rung after them.
-_URGENT_TAGS = frozenset({TAG_TO_COORDINATOR, TAG_FROM_COORDINATOR, TAG_FAILURE})
+from .tags import TAG_FAILURE, TAG_FROM_COORDINATOR, TAG_HEARTBEAT, TAG_TO_COORDINATOR  # noqa: F401 - re-exported
+from .tags import URGENT_TAGS as _URGENT_TAGS
 # Sends that had not completed when their transport was freed (after a failure,
 # or a peer that never took them): kept alive for the life of the process.
 _UNFINISHED_SENDS: list = []
