@@ -14,7 +14,8 @@ from .api import (allgather_object, allreduce, barrier, broadcast, broadcast_obj
 from .config import Config
 from .core.round_result import RoundResult
 from .engine.handle import Handle
-from .errors import (ConfigError, EngineError, HvdPartialError, MismatchError, NotInitializedError, RankFailedError,
+from .errors import (ConfigError, EngineError, HvdPartialError, MismatchError, MpiUnavailableError, NotInitializedError,
+                     RankFailedError,
                      StreamConflictError, TooManyStreamsError, UnsupportedInputError)
 from .modes import Average, Majority, ReduceOp, Solo, Sum, Sync, mode_from_name
 from .observe.stall import StalledRankError
@@ -28,5 +29,5 @@ __all__ = [
     "barrier", "stats",
     "Sync", "Solo", "Majority", "Average", "Sum", "ReduceOp", "mode_from_name", "RoundResult", "Handle", "Config",
     "HvdPartialError", "NotInitializedError", "ConfigError", "UnsupportedInputError", "StreamConflictError",
-    "MismatchError", "RankFailedError", "StalledRankError", "TooManyStreamsError", "EngineError", "__version__",
+    "MismatchError", "MpiUnavailableError", "RankFailedError", "StalledRankError", "TooManyStreamsError", "EngineError", "__version__",
 ]

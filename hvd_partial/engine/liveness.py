@@ -13,7 +13,7 @@ import time
 
 from ..core.messages import Failure, Heartbeat
 from ..errors import HvdPartialError, RankFailedError
-from ..transport.mpi import TAG_FAILURE, TAG_HEARTBEAT
+from ..transport.tags import TAG_FAILURE, TAG_HEARTBEAT
 
 log = logging.getLogger("hvd_partial.engine")
 
