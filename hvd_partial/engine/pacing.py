@@ -3,7 +3,8 @@ that found no work, and how compute threads and peers wake it.
 
 It never blocks in MPI; it polls with a back-off, so the training threads
 keep their CPU. A sleeping engine is woken by a compute thread's poke (its
-doorbell where the transport has one, else a lock) or a peer's ring.
+doorbell where the transport has one, else a lock) or a peer's ring. The
+measurements behind these choices are in docs/engine-performance.md.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ import time
 # looking at commands and control messages again (bounds their extra latency).
 _FOCUS_SECONDS = 2e-4
 # How long a post waiting for its round to start is watched continuously
-# before the engine naps; see Pacing.nap_while_waiting. (1 ms made balanced
-# majority steps a few % slower than 3 ms: the designated rank's jitter.)
+# before the engine naps (shorter: the designated rank's jitter costs naps).
 _START_PATIENCE_SECONDS = 3e-3
 # A nap lasts this fraction of the time waited so far (see
 # nap_while_waiting for its bounds): a message that comes mid-nap without a
@@ -102,18 +102,13 @@ class Pacing:
             else:
                 time.sleep(1e-4)
         elif oldest_wait is not None:
-            # A compute thread waits for a round to start: look closely
-            # for a while, yielding. (Sleeping on the doorbell at once,
-            # woken by the start of the round, made posts of 4 B to 1 MiB
-            # slower by 0.2-0.6 ms on this VM: the datagram's wake-up is
-            # slow.) A longer wait is for another rank's computation:
-            # nap then, or this engine takes the CPU from the ranks it
-            # waits for where ranks outnumber cores.
+            # A compute thread waits for a round to start: look closely for
+            # a while, yielding (a doorbell's wake-up is slow); a longer wait
+            # is for another rank's computation, so nap and leave it the CPU.
             self.nap_while_waiting(oldest_wait)
         elif time.perf_counter() < self._awake_until:
-            # Work just happened and more usually follows (the next post
-            # of a training loop): stay awake a little, yielding. A sleep
-            # and its wake-up cost tens of microseconds of CPU on each side.
+            # Work just happened and more usually follows (the next post of a
+            # training loop): stay awake a little, yielding, rather than pay a wake-up.
             os.sched_yield()
         elif self._bell is not None:
             self._sleep_on_bell(idle)
@@ -128,21 +123,16 @@ class Pacing:
         # Nothing in flight: sleep, but wake at once on a new command
         # or a peer's urgent message, then poll closely again.
         if self._bell_covers_all and not self.unsent and not self._recheck:
-            # Every message that needs this engine rings it and
-            # every post pokes it, so no back-off: the timer only
-            # catches a lost ring. Each wake-up preempts a
-            # computing thread (see doorbell_poll_ms), so first
-            # consume the rings of messages already handled while
-            # awake, looking once more if there were any, rather
-            # than wake for them.
+            # Every message that needs this engine rings it and every post
+            # pokes it: the timer only catches a lost ring. Rings of messages
+            # already handled are consumed first rather than woken for.
             if self._bell.drain():
                 return
             nap = self._bell_poll
         else:
-            # Without doorbells from every peer; or after a wake-up
-            # that found nothing (a ring ahead of its message), or
-            # while this rank's own sends are queued in MPI (only
-            # its MPI calls move them): back off from short naps.
+            # Without doorbells from every peer, after a wake-up that found
+            # nothing (a ring ahead of its message), or while this rank's own
+            # sends are queued in MPI (only its MPI calls move them): back off.
             nap = min(self._poll_max, 2e-5 * (1 << min(idle, 20)))
             self._recheck = max(0, self._recheck - 1)
         self._asleep = True
@@ -159,21 +149,17 @@ class Pacing:
         else up to ``idle_poll_ms``.
 
         Such a wait is for another rank's computation (a majority round's
-        designated rank, a laggard holding the staleness bound), and the
-        round's start reaches this rank as a control message, which rings
-        its doorbell: a nap ends at once. Yielding instead took the CPU from
-        the ranks waited for, where ranks outnumber cores.
+        designated rank, a laggard holding the staleness bound); the round's
+        start rings this rank's doorbell, so a nap ends at once, and the
+        ranks waited for keep the CPU.
         """
         waited = time.perf_counter() - since
         if waited < _START_PATIENCE_SECONDS:
             os.sched_yield()
             return
-        # Where every peer rings, the nap only bounds the delay of a lost ring
-        # (as when idle). It is at most idle_poll_ms while this rank's own
-        # sends are queued (only its MPI calls move them), and after a ring
-        # that found no message yet: a ring can come before MPI shows its
-        # message, and a long nap then made majority rounds under imbalance
-        # up to 13% slower.
+        # Where every peer rings, the nap only bounds the delay of a lost ring;
+        # it stays short while this rank's sends are queued and after a ring
+        # that found no message yet (a ring can come before MPI shows it).
         long_ok = self._bell_covers_all and not self.unsent and not self._rung_unanswered
         nap = min(self._bell_poll if long_ok else self._nap_max, max(_NAP_MIN_SECONDS, _NAP_FRACTION * waited))
         if self._nap(nap):

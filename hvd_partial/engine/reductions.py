@@ -91,17 +91,12 @@ class Reductions:
         """Test the oldest reduction of every stream until one completes,
         ``interrupted()`` (a command arrived) or ``deadline`` passes.
 
-        Tests follow each other, yielding the CPU in between. With
+        Tests follow each other, yielding the CPU in between (a reduction
+        progresses only while every rank's engine is in MPI). With
         ``reduce_poll_us`` set, a reduction in flight for over a millisecond
-        is tested that often instead, sleeping in between: where ranks
-        outnumber cores, a large round that runs while ranks compute (solo
-        rounds do) then leaves them the CPU. On 4 ranks and 2 cores, 100 us
-        took a step with a grouped 16 MiB solo post from 52 to 44 ms, but
-        made 1 MiB steps up to 15% slower (a waiting rank's sleep ends late on
-        a busy CPU), so it is off by default. (Napping a growing share of the
-        wait instead doubled per-call times from 1 MiB up: a reduction in
-        progress needs every rank's engine in MPI at each of its steps, and
-        nothing tells a napping engine that the last rank has joined.)
+        is tested that often instead, sleeping in between, which leaves the
+        CPU to ranks that compute meanwhile (off by default: it slows mid-size
+        rounds; see docs/engine-performance.md).
         """
         entries = [q[0] for q in self._rounds.values() if q and q[0].requests is not None]
         if not entries:
@@ -138,9 +133,8 @@ class Reductions:
 
     def _progress_comms(self) -> bool:
         """Duplicate the streams' communicators one at a time, in registration
-        order (the same on every rank). With several duplications of one
-        communicator in flight at once, Open MPI deadlocked or failed with
-        MPI_ERR_INTERN in most runs of the many-streams test."""
+        order (the same on every rank): Open MPI deadlocks with several
+        duplications of one communicator in flight."""
         worked = False
         sid = None
         try:
@@ -173,14 +167,11 @@ class Reductions:
         for entry in self._rounds[sid]:
             launch = entry.launch
             if entry.requests is None and launch.send is not None:
-                # Every reduction is in place: MPI requires MPI_IN_PLACE on all
-                # ranks of an allreduce or on none (Open MPI's libnbc picks
-                # another algorithm for it, and a mixed round failed with
-                # MPI_ERR_TRUNCATE), while whether a rank's send buffer is its
-                # own is a local fact. A buffer the stream owns becomes the
-                # result; the caller's arrays (and the zeros of a rank with
-                # nothing to send) are copied into a pooled one first, which
-                # costs what MPI's own copy into a separate receive buffer does.
+                # Every reduction is in place: MPI needs MPI_IN_PLACE on all
+                # ranks of an allreduce or on none, while whether a send buffer
+                # is the stream's own is a local fact. An owned buffer becomes
+                # the result; the caller's arrays (and shared zeros) are copied
+                # into a pooled one first, as MPI would copy into a receive buffer.
                 entry.recv = [s if mine else pool.copy_of(s) for s, mine in zip(launch.send, launch.owned)]
                 entry.requests = [self.transport.iallreduce_in_place(comm, r) for r in entry.recv]
                 entry.started = time.perf_counter()
