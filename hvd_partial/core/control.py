@@ -4,6 +4,16 @@ its policy and hands it the peer messages the driver itself does not handle;
 the policy answers only with peer messages. Another policy (decentralized
 activation, say) can therefore replace this one without touching the driver.
 
+A policy has four methods: ``report(message)`` (this rank's Register, Post,
+Flush or Goodbye), ``on_message(source, message)`` (a peer message the driver
+does not handle itself), ``round_completed(stream, launch)`` (this rank
+completed a round; ``stream.last_included`` holds its facts) and
+``decides_completion(stream)`` (whether that completion feeds a decision, for
+the simulator's cost model). It acts only by ``send(dest, message)``; to start
+a round on its own rank it sends itself the ``Start``. A decentralized policy
+would activate rounds from every rank's reports and flood its own activation
+messages to hypercube neighbours, with no change to the driver.
+
 Example::
 
     control = CentralControl(rank=0, size=4, send=lambda dest, message: ...)
