@@ -1,6 +1,6 @@
-"""Zero-overhead replay: the protocol's own rules (the same coordinator and
-rank-stream code the engine runs) on a simulated clock where communication
-is free. It gives the best throughput any implementation of the rules could
+"""Zero-overhead replay: the protocol's own rules (every rank runs the same
+protocol driver the engine runs, in a loopback world) on a simulated clock
+where communication is free. It gives the best throughput any implementation of the rules could
 reach for a given schedule of compute times, the yardstick for benchmarks.
 
 Example::
