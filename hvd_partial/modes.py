@@ -33,21 +33,25 @@ Average = ReduceOp.AVERAGE
 Sum = ReduceOp.SUM
 
 
-@dataclass(frozen=True)
 class RoundFacts:
     """What the control policy knows when round ``round`` of stream ``stream``
     may start. ``views[j]`` has rank j's ``taken`` count, whether a post of it
     ``waiting`` for the round, and whether it is ``flushing``; ``pending(j)``:
     rank j holds data not yet in any round; ``training``: ranks not flushing;
-    ``trigger``: the rank whose post prompted the decision, if any."""
+    ``trigger``: the rank whose post prompted the decision, if any. (A plain
+    slotted class: one is built for every decision.)"""
 
-    stream: str
-    round: int
-    world_size: int
-    views: Sequence
-    training: list
-    pending: Callable[[int], bool]
-    trigger: int | None
+    __slots__ = ("stream", "round", "world_size", "views", "training", "pending", "trigger")
+
+    def __init__(self, stream: str, round: int, world_size: int, views: Sequence, training: list,
+                 pending: Callable[[int], bool], trigger: int | None):
+        self.stream = stream
+        self.round = round
+        self.world_size = world_size
+        self.views = views
+        self.training = training
+        self.pending = pending
+        self.trigger = trigger
 
 
 @dataclass(frozen=True)

@@ -73,16 +73,9 @@ class CommandIntake:
     called after every append: it wakes the engine thread if it sleeps."""
 
     def __init__(self):
-        self._queue: deque = deque()
+        self.queue: deque = deque()  # the engine thread tests and pops it directly
         self.poke: Callable[[], None] = lambda: None
 
     def submit(self, command) -> None:
-        self._queue.append(command)
+        self.queue.append(command)
         self.poke()
-
-    def __bool__(self) -> bool:
-        return bool(self._queue)
-
-    def take(self):
-        """The oldest command (engine thread; only while there is one)."""
-        return self._queue.popleft()

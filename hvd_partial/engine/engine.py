@@ -74,7 +74,7 @@ class Engine:
         self._bell = getattr(transport, "doorbell", None)
         self._intake = CommandIntake()
         self._pacing = Pacing(config, self._bell, self.size, self._driver.control.coordinator is not None,
-                              self._intake.__bool__)
+                              self._intake.queue)
         self._intake.poke = self._pacing.poke
         self._reductions = Reductions(transport, self.rank, config.reduce_poll_us, self._driver.complete)
         self._helpers = HelperQueue(self._calls.discard)
@@ -223,9 +223,9 @@ class Engine:
 
     def _step(self) -> bool:
         worked = False
-        intake = self._intake
-        while intake:
-            self._handle_command(intake.take())
+        commands = self._intake.queue
+        while commands:
+            self._handle_command(commands.popleft())
             worked = True
         worked |= self._dispatch.deliver(self._pacing.take_ring())
         worked |= self._reductions.progress()

@@ -34,10 +34,10 @@ _RECHECKS = 5
 class Pacing:
     """Sleep and wake-up of one engine thread.
 
-    ``commands_waiting()`` says whether a compute thread queued a command.
+    ``commands`` is the command queue (non-empty: a compute thread queued one).
     """
 
-    def __init__(self, config, bell, size: int, relays_activations: bool, commands_waiting):
+    def __init__(self, config, bell, size: int, relays_activations: bool, commands):
         self._bell = bell
         self._bell_covers_all = bell is not None and bell.reachable == size - 1
         self._bell_poll = config.doorbell_poll_ms / 1000.0
@@ -46,7 +46,7 @@ class Pacing:
         self._poll_max = config.idle_poll_ms / 1000.0
         if relays_activations and (bell is None or bell.reachable < size - 1):
             self._poll_max /= 4  # other ranks' activations pass through here, not all by doorbell
-        self._commands_waiting = commands_waiting
+        self._commands = commands
         # Unlocked means "a wake-up is pending": a bare lock is much cheaper to
         # hand between threads than threading.Event, and every post passes here.
         self._wake = threading.Lock()
@@ -94,7 +94,7 @@ class Pacing:
         if reductions.in_flight:
             # A reduction progresses only inside MPI calls: stay in them
             # and look at the rest now and then.
-            reductions.poll(time.perf_counter() + _FOCUS_SECONDS, self._commands_waiting)
+            reductions.poll(time.perf_counter() + _FOCUS_SECONDS, self._commands)
         elif helper_busy:
             # A helper collective in progress needs this engine in MPI.
             if idle < 5000:
@@ -115,7 +115,7 @@ class Pacing:
         else:
             self._asleep = True
             self._wake.acquire(blocking=False)  # consume a pending wake-up
-            if not self._commands_waiting():
+            if not self._commands:
                 self._wake.acquire(timeout=min(self._poll_max, 2e-5 * idle))
             self._asleep = False
 
@@ -136,7 +136,7 @@ class Pacing:
             nap = min(self._poll_max, 2e-5 * (1 << min(idle, 20)))
             self._recheck = max(0, self._recheck - 1)
         self._asleep = True
-        if not self._commands_waiting() and self._bell.wait(nap):
+        if not self._commands and self._bell.wait(nap):
             self._idle = 0
             self._recheck = _RECHECKS
         self._asleep = False
@@ -171,8 +171,8 @@ class Pacing:
         self._asleep = True
         try:
             if self._bell is not None:
-                return self._commands_waiting() or self._bell.wait(seconds)
+                return bool(self._commands) or self._bell.wait(seconds)
             self._wake.acquire(blocking=False)  # consume a pending wake-up
-            return self._commands_waiting() or self._wake.acquire(timeout=seconds)
+            return bool(self._commands) or self._wake.acquire(timeout=seconds)
         finally:
             self._asleep = False

@@ -87,9 +87,9 @@ class Reductions:
                 worked = True
         return worked
 
-    def poll(self, deadline: float, interrupted: Callable[[], bool]) -> None:
-        """Test the oldest reduction of every stream until one completes,
-        ``interrupted()`` (a command arrived) or ``deadline`` passes.
+    def poll(self, deadline: float, commands) -> None:
+        """Test the oldest reduction of every stream until one completes, a
+        command arrives on the ``commands`` queue or ``deadline`` passes.
 
         Tests follow each other, yielding the CPU in between (a reduction
         progresses only while every rank's engine is in MPI). With
@@ -106,7 +106,7 @@ class Reductions:
         # With no spacing set the tests never sleep: no need to know the age.
         patient_until = min(e.started for e in entries) + _PATIENCE_SECONDS if self._reduce_poll else float("inf")
         done = self.transport.done
-        while not interrupted():
+        while not commands:
             for requests in heads:
                 if done(requests):
                     return
