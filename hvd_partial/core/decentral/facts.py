@@ -1,0 +1,81 @@
+"""The facts every round carries inside its reduction, and the view of the
+next round that every rank derives from them.
+
+Each rank fills its own column of a ``(FIELDS, P)`` int64 array when it joins
+a round; the reduction sums the arrays, so every rank ends the round with the
+same facts and derives the same :class:`RoundView` for the next round with
+vector operations only (no Python loop over ranks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# rows of the facts array
+CONTRIBUTED = 0  # 1 if the rank summed data into the round
+STALENESS = 1  # round minus the round its oldest summed post was computed for
+LAST_SEQ = 2  # the last post it summed
+TAKEN = 3  # rounds it had taken when it joined
+WAITING = 4  # 1 if a post of it waited for a round when it joined
+FLUSHING = 5  # 1 if it was flushing when it joined
+INITIATED = 6  # 1 if it started the round itself
+FIELDS = 7
+
+
+def empty_facts(world_size: int) -> np.ndarray:
+    return np.zeros((FIELDS, world_size), dtype=np.int64)
+
+
+@dataclass
+class RoundView:
+    """What every rank knows, identically, about round ``round`` before it starts.
+
+    ``known_taken[j]`` is a lower bound on the rounds rank ``j`` has taken
+    before any later post of it (its taken count when it joined the last
+    round, plus one if a post of it was waiting then: that post takes the
+    round it waits for before ``j`` can post again). ``blockers`` are the
+    training ranks that, by this knowledge, hold the round back under the
+    staleness bound; ``training`` the ranks not flushing. ``after_flush``
+    says the previous round was the flush round (every rank joined it
+    flushing), after which every rank trains again.
+    """
+
+    round: int
+    training: np.ndarray  # sorted ranks not flushing
+    blockers: np.ndarray  # sorted training ranks with known_taken < round - tau + 1
+    known_taken: np.ndarray
+    flushing: np.ndarray  # bool per rank
+    registration: bool = False  # round 0: every rank must post first
+    after_flush: bool = False
+
+    @classmethod
+    def registration_view(cls, world_size: int) -> "RoundView":
+        everyone = np.arange(world_size)
+        return cls(0, everyone, everyone, np.zeros(world_size, np.int64), np.zeros(world_size, bool),
+                   registration=True)
+
+    @classmethod
+    def after(cls, round_number: int, facts: np.ndarray, max_staleness: int) -> "RoundView":
+        """The view of round ``round_number + 1`` from round ``round_number``'s reduced facts."""
+        r = round_number + 1
+        flushing = facts[FLUSHING] > 0
+        if flushing.all():  # the flush round: every rank took everything and trains again
+            P = facts.shape[1]
+            return cls(r, np.arange(P), np.zeros(0, np.int64), np.full(P, r, np.int64), np.zeros(P, bool),
+                       after_flush=True)
+        known = facts[TAKEN] + facts[WAITING]
+        training = ~flushing
+        blockers = np.flatnonzero(training & (known < r - max_staleness + 1))
+        return cls(r, np.flatnonzero(training), blockers, known, flushing)
+
+
+def round_facts(facts: np.ndarray):
+    """``(contributors, staleness, initiator, flush)`` of a reduced facts array."""
+    contributors = np.flatnonzero(facts[CONTRIBUTED]).tolist()
+    staleness = dict(zip(contributors, facts[STALENESS, contributors].tolist()))
+    flush = bool((facts[FLUSHING] > 0).all())
+    starters = np.flatnonzero(facts[INITIATED])
+    initiator = None if flush or len(starters) == 0 else int(starters[0])
+    return contributors, staleness, initiator, flush
