@@ -72,6 +72,8 @@ class DecentralWorld:
         self.heap: list = []
         self.seq = 0
         self.busy = 0  # events other than ticks in the heap
+        self.in_flight = 0  # protocol messages and reductions in the heap
+        self.on_quiet: Callable | None = None  # called whenever no protocol message or reduction is in flight
         # record
         self.taken: list[list] = [[] for _ in range(P)]
         self.posted: dict[int, tuple] = {}  # post id -> (rank, computed_for)
@@ -103,6 +105,7 @@ class DecentralWorld:
             self.seq += 1
             seq = self.seq
         self.busy += busy
+        self.in_flight += kind in ("deliver", "reduced") and busy
         heapq.heappush(self.heap, (time, seq, kind, rank, payload, busy))
 
     def finished(self) -> bool:
@@ -115,6 +118,7 @@ class DecentralWorld:
                 break
             time, seq, kind, j, payload, busy = heapq.heappop(self.heap)
             self.busy -= busy
+            self.in_flight -= kind in ("deliver", "reduced") and busy
             if busy:
                 last_busy = time
             elif self.liveness and time - last_busy > self.time_limit_s and time >= (self.run_until_s or 0):
@@ -127,6 +131,8 @@ class DecentralWorld:
                 continue
             self.events += 1
             getattr(self, "_on_" + kind)(j, payload)
+            if self.on_quiet is not None and self.in_flight == 0:
+                self.on_quiet(self)
         return self
 
     def _on_compute(self, j, _):

@@ -76,6 +76,24 @@ def check_counts(world: DecentralWorld, stats: dict):
             stats[key][1] = max(stats[key][1], H)
 
 
+def check_eagerness(world: DecentralWorld):
+    """Solo, whenever nothing is in flight: a post may wait only because the
+    exact staleness rule holds the next round back (some training rank has
+    taken fewer than c - tau + 1 rounds and holds no data for round c)."""
+    streams = world.streams
+    waiting = [s for s in streams if s.waiter is not None and s.waiter[0] == "post"]
+    if not waiting or not all(world.alive):
+        return
+    c = streams[0].completed
+    assert all(s.completed == c and s.activation.latest == c - 1 for s in streams)
+    if c == 0:  # registration: round 0 waits for every rank's first post
+        laggards = [s.rank for s in streams if s.seq == 0]
+    else:
+        laggards = [s.rank for s in streams if not s.flushing and s.taken < c - s.tau + 1 and not s.pending]
+    assert laggards, f"round {c}: ranks {[s.rank for s in waiting]} wait with nothing in flight and no laggard"
+    world.eager_checks = getattr(world, "eager_checks", 0) + 1
+
+
 def check_consistency(world: DecentralWorld, ranks) -> list:
     """Every rank took the same rounds, in order, with identical results
     (ranks that failed took a prefix). Returns the longest list."""
@@ -121,23 +139,30 @@ def check_guarantees(world: DecentralWorld, spec: dict):
 def test_random_schedules_keep_every_guarantee(kind, quorum):
     stats: dict = {}
     sizes = set()
-    two_laggard_stalls = 0
+    held_rounds = 0
+    eager_checks = 0
     for n in range(SCHEDULES_PER_GROUP):
         spec = random_schedule(10_000 * (1 + quorum) + 1_000 * (kind == "majority") + n, kind, quorum)
-        world = DecentralWorld(**spec).run()
+        world = DecentralWorld(**spec)
+        if kind == "solo":
+            world.on_quiet = check_eagerness
+        world.run()
         check_guarantees(world, spec)
         check_counts(world, stats)
         sizes.add(world.P)
-        two_laggard_stalls += sum(int((recv > 0).sum() > 0) for per_kind in world.counts.values()
+        eager_checks += getattr(world, "eager_checks", 0)
+        held_rounds += sum(int((recv > 0).sum() > 0) for per_kind in world.counts.values()
                                   for name, (_, recv) in per_kind.items() if name == "Gathered:stale")
     print(f"\n{kind}{' quorum' if quorum else ''}: {SCHEDULES_PER_GROUP} schedules, sizes {min(sizes)}..{max(sizes)}; "
           f"max per rank per round vs ceil(log2 P): " +
           ", ".join(f"{k} {v[0]} (<= {v[1]})" for k, v in stats.items() if isinstance(v, list) and k != "Ready") +
           (f"; Ready notices at a designated rank, max {stats['ready_max']} (<= contributors + newly flushing)"
            if "ready_max" in stats else "") +
-          f"; rounds held for laggards {two_laggard_stalls}")
+          f"; rounds held for laggards {held_rounds}; solo eagerness checks {eager_checks}")
     assert len([P for P in sizes if P & (P - 1)]) > 30  # most sizes are not powers of two
-    assert two_laggard_stalls > 50  # the staleness gather ran often enough to mean something
+    assert held_rounds > 50  # the staleness gather ran often enough to mean something
+    if kind == "solo":
+        assert eager_checks > 1000  # quiet moments with a waiting post, checked for eagerness
 
 
 def test_two_laggards_with_tau_1_at_p_3_do_not_stall():
