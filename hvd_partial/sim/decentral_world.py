@@ -195,15 +195,18 @@ class DecentralWorld:
                 raise TypeError(action)
 
     def _join(self, j: int, join: Join):
-        parts = self.joins.setdefault(join.round, {})
         if join.facts[INITIATED, j] and join.round not in self.start_training:
             self.start_training[join.round] = sum(1 for s in self.streams if not s.flushing)
-        parts[j] = join
-        if len(parts) < self.P:
+        part = self.joins.get(join.round)
+        if part is None:  # [ranks joined, posts summed, facts summed]
+            part = self.joins[join.round] = [0, [], np.zeros_like(join.facts)]
+        part[0] += 1
+        part[1].extend(join.contributions)
+        np.add(part[2], join.facts, out=part[2])
+        if part[0] < self.P:
             return
         del self.joins[join.round]
-        value = sorted(p for part in parts.values() for p in part.contributions)
-        facts = np.sum([part.facts for part in parts.values()], axis=0)
+        value, facts = sorted(part[1]), part[2]
         self.round_facts[join.round] = facts
         for k in range(self.P):  # a rank's engine completes its rounds in order
             at = self.last_reduced[k] = max(self.last_reduced[k], self.now + self.rng.uniform(1e-3, self.delay_s))

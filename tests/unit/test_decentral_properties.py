@@ -215,9 +215,10 @@ def random_fault(rng: random.Random, P: int, horizon: float) -> tuple[Fault, str
 def test_failures_at_any_point_are_named_on_every_rank_within_the_bound():
     """A rank dies or is stopped at a random moment: every other rank fails
     with an error naming it within failure_timeout + tick + (1 + ceil(log2 P))
-    message delays (counted from the watcher's first tick if it died before), and no healthy rank is ever named; a rank that was
-    stopped and resumed names only itself. A short stop fails nobody and the
-    schedule completes with every guarantee."""
+    message delays (counted from the watcher's first tick if it died before
+    that), and no healthy rank is ever named; a rank that was stopped and
+    resumed names only itself. A short stop fails nobody and the schedule
+    completes with every guarantee."""
     outcomes = {"die": 0, "stop_short": 0, "stop_long": 0}
     ring_stats = []
     for n in range(SCHEDULES_PER_GROUP):
