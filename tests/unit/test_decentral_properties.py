@@ -118,6 +118,7 @@ def check_guarantees(world: DecentralWorld, spec: dict):
     assert sorted(summed) == list(range(len(world.posted))), "a post was lost or counted twice"
     # Flush: the last round is the flush round, and nothing is left pending.
     assert rounds[-1].flush and all(not s.pending for s in world.streams)
+    assert all(not s.early for s in world.streams), "notices kept for rounds that started"
     for res in rounds:
         owners = sorted({world.posted[p][0] for p in res.array})
         assert owners == res.contributors, f"round {res.round}: facts {res.contributors} vs data {owners}"

@@ -333,6 +333,8 @@ class DecentralStream:
         facts[INITIATED, me] = 1 if initiated else 0
         if self.held is not None and self.held.view.round <= r:
             self.held = None
+        for early in [k for k in self.early if k <= r]:  # notices for a round that has started
+            del self.early[early]
         return Join(r, [item.payload for item in items], facts)
 
     def _take(self) -> list:
