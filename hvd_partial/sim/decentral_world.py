@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 
 from ..core.decentral import Complete, DecentralStream, Join, RingLiveness, Send
-from ..core.decentral.facts import FLUSHING, INITIATED
+from ..core.decentral.facts import INITIATED
 from ..core.decentral.messages import Failed, Heartbeat, PeerFailed
 from ..errors import RankFailedError
 
@@ -50,7 +50,7 @@ class DecentralWorld:
                  compute: Callable[[int, int], float] | None = None, delay_s: float = 0.05,
                  liveness: bool = False, heartbeat_s: float = 1.0, failure_timeout_s: float = 6.0,
                  tick_s: float = 0.25, faults: tuple = (), time_limit_s: float = 1e6, keep_results: bool = True,
-                 run_until_s: float | None = None):
+                 run_until_s: float | None = None, flush_after: list | None = None):
         P = world_size
         self.P = P
         self.kind = kind
@@ -65,6 +65,9 @@ class DecentralWorld:
         self.tick_s = tick_s
         self.rings = [RingLiveness(j, P, heartbeat_s, failure_timeout_s) for j in range(P)] if liveness else None
         self.posts_left = list(posts)
+        # per rank: flush once after this many posts left (None: only at the end), then go on posting
+        self.flush_after = list(flush_after) if flush_after is not None else [None] * P
+        self.flushes_left = [1] * P  # the final flush, plus one for each flush in the middle begun
         self.keep_results = keep_results
         self.time_limit_s = time_limit_s  # with liveness: stop after this long with only ticks left
         self.run_until_s = run_until_s  # with liveness: keep ticking at least until then
@@ -139,7 +142,11 @@ class DecentralWorld:
         stream = self.streams[j]
         if stream.failure is not None:
             return
-        if self.posts_left[j] > 0:
+        if self.flush_after[j] is not None and self.posts_left[j] == self.flush_after[j]:
+            self.flush_after[j] = None  # a flush in the middle of training
+            self.flushes_left[j] += 1
+            self._act(j, stream.flush())
+        elif self.posts_left[j] > 0:
             self.posts_left[j] -= 1
             post_id = len(self.posted)
             self.posted[post_id] = (j, stream.taken)
@@ -220,8 +227,10 @@ class DecentralWorld:
         if self.keep_results or j == 0:
             self.taken[j].extend(done.results)
         if done.kind == "flush":
-            self.done[j] = True
-            return
+            self.flushes_left[j] -= 1
+            if self.flushes_left[j] == 0:
+                self.done[j] = True
+                return
         step = len(self.taken[j]) if self.keep_results else 0
         self._push(self.now + self.compute(j, step), "compute", j, None)
 
@@ -245,6 +254,3 @@ class DecentralWorld:
                 arrays = {"sent": [sent], "recv": [recv], "both": [sent, recv]}[direction]
                 best = max(best, *(int(a.max()) for a in arrays))
         return best
-
-    def flushing_at_join(self, round_facts: np.ndarray) -> np.ndarray:
-        return round_facts[FLUSHING] > 0

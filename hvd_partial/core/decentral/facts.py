@@ -19,7 +19,7 @@ STALENESS = 1  # round minus the round its oldest summed post was computed for
 LAST_SEQ = 2  # the last post it summed
 TAKEN = 3  # rounds it had taken when it joined
 WAITING = 4  # 1 if a post of it waited for a round when it joined
-FLUSHING = 5  # 1 if it was flushing when it joined
+FLUSHING = 5  # if it was flushing when it joined: which of its flushes (1, 2, ...), else 0
 INITIATED = 6  # 1 if it started the round itself
 FIELDS = 7
 
@@ -57,25 +57,43 @@ class RoundView:
                    registration=True)
 
     @classmethod
-    def after(cls, round_number: int, facts: np.ndarray, max_staleness: int) -> "RoundView":
-        """The view of round ``round_number + 1`` from round ``round_number``'s reduced facts."""
+    def after(cls, round_number: int, facts: np.ndarray, max_staleness: int, flushes_done: int = 0,
+              last_flush_round: int = -1) -> "RoundView":
+        """The view of round ``round_number + 1`` from round ``round_number``'s reduced facts.
+
+        ``flushes_done`` counts the flush rounds completed up to and including
+        ``round_number`` (the last of them was ``last_flush_round``). A rank
+        can join a round before it completed the flush round before it: its
+        column then still says flushing, in a flush that is over. It is
+        training, and its flush took every round up to that flush round."""
         r = round_number + 1
-        flushing = facts[FLUSHING] > 0
-        if flushing.all():  # the flush round: every rank took everything and trains again
-            P = facts.shape[1]
-            return cls(r, np.arange(P), np.zeros(0, np.int64), np.full(P, r, np.int64), np.zeros(P, bool),
-                       after_flush=True)
+        P = facts.shape[1]
+        if is_flush_round(facts, flushes_done - 1) and last_flush_round == round_number:
+            # the flush round: every rank took everything and trains again
+            everyone = np.arange(P)
+            blockers = everyone if max_staleness == 0 else np.zeros(0, np.int64)  # r < r - tau + 1 iff tau = 0
+            return cls(r, everyone, blockers, np.full(P, r, np.int64), np.zeros(P, bool), after_flush=True)
+        flushing = facts[FLUSHING] > flushes_done
         known = facts[TAKEN] + facts[WAITING]
+        over = (facts[FLUSHING] > 0) & ~flushing
+        known = np.where(over, np.maximum(known, last_flush_round + 1), known)
         training = ~flushing
         blockers = np.flatnonzero(training & (known < r - max_staleness + 1))
         return cls(r, np.flatnonzero(training), blockers, known, flushing)
 
 
-def round_facts(facts: np.ndarray):
-    """``(contributors, staleness, initiator, flush)`` of a reduced facts array."""
+def is_flush_round(facts: np.ndarray, flushes_before: int) -> bool:
+    """Every rank joined the round flushing, in the flush after the
+    ``flushes_before`` completed ones: the round sums every pending post."""
+    return bool((facts[FLUSHING] == flushes_before + 1).all())
+
+
+def round_facts(facts: np.ndarray, flushes_before: int = 0):
+    """``(contributors, staleness, initiator, flush)`` of a reduced facts array,
+    after ``flushes_before`` completed flush rounds."""
     contributors = np.flatnonzero(facts[CONTRIBUTED]).tolist()
     staleness = dict(zip(contributors, facts[STALENESS, contributors].tolist()))
-    flush = bool((facts[FLUSHING] > 0).all())
+    flush = is_flush_round(facts, flushes_before)
     starters = np.flatnonzero(facts[INITIATED])
     initiator = None if flush or len(starters) == 0 else int(starters[0])
     return contributors, staleness, initiator, flush

@@ -33,8 +33,9 @@ of round ``c`` as every other rank, and has not yet heard that ``c`` started):
   that began flushing after the view (nobody knew) starts it at once.
 - Flush: the training ranks of the view gather, each once it is flushing, to
   the lowest of them, which then starts round ``c``. A round that every rank
-  joined flushing is the flush round: its reduced facts say so on every rank
-  alike, so all agree on it whoever started it, and it sums every pending post.
+  joined flushing, in the same flush (the facts carry which), is the flush
+  round: its reduced facts say so on every rank alike, so all agree on it
+  whoever started it, and it sums every pending post.
 - Starting a round, or hearing of it first, floods :class:`~.messages.Activate`
   over the hypercube (:mod:`hvd_partial.core.activation`); every rank joins
   each round once, with everything it has posted and not yet contributed.
@@ -109,6 +110,9 @@ class DecentralStream:
         self.results: deque[RoundResult] = deque()
         self.waiter: tuple[str, int] | None = None  # ("post" | "flush", seq)
         self.flushing = False
+        self.flushes = 0  # flush calls made
+        self.flushes_done = 0  # flush rounds completed
+        self.last_flush_round = -1
         self.failure: Exception | None = None
         self.view = RoundView.registration_view(world_size)
         self.held: _Held | None = None
@@ -137,6 +141,7 @@ class DecentralStream:
         if self.seq == 0:
             raise StreamConflictError(f"stream {self.name!r}: rank {self.rank} flushed before its first post")
         self.flushing = True
+        self.flushes += 1
         self.waiter = ("flush", self.seq)
         self._flush_results = self._take()
         return self._progress()
@@ -175,7 +180,10 @@ class DecentralStream:
             return []
         if round_number != self.completed:
             raise AssertionError(f"rank {self.rank}: round {round_number} completed, expected {self.completed}")
-        contributors, staleness, initiator, flush = round_facts(facts)
+        contributors, staleness, initiator, flush = round_facts(facts, self.flushes_done)
+        if flush:
+            self.flushes_done += 1
+            self.last_flush_round = round_number
         if self.kind == "majority" and round_number > 0 and not flush:
             # the designated rank, whether it posted or stood in while flushing
             initiator = designated_initiator(self.seed, self.name, round_number, self.world_size)
@@ -192,7 +200,7 @@ class DecentralStream:
                 self.waiter = None
                 self.flushing = False
                 out.append(Complete("flush", seq, self._flush_results + self._take()))
-        self.view = RoundView.after(round_number, facts, self.tau)
+        self.view = RoundView.after(round_number, facts, self.tau, self.flushes_done, self.last_flush_round)
         if self.view.round > self.activation.latest:
             self._hold(self.view)
         return out + self._progress()
@@ -329,7 +337,7 @@ class DecentralStream:
             facts[LAST_SEQ, me] = items[-1].seq
         facts[TAKEN, me] = self.taken
         facts[WAITING, me] = 1 if self.waiter is not None and self.waiter[0] == "post" else 0
-        facts[FLUSHING, me] = 1 if self.flushing else 0
+        facts[FLUSHING, me] = self.flushes if self.flushing else 0
         facts[INITIATED, me] = 1 if initiated else 0
         if self.held is not None and self.held.view.round <= r:
             self.held = None
