@@ -25,6 +25,8 @@ the tree of the first activation it hears, does not have this property
 
 from __future__ import annotations
 
+from ..errors import EngineError
+
 __all__ = ["Activation", "hypercube_neighbours", "hypercube_distance", "max_hops", "binomial_children"]
 
 
@@ -94,7 +96,7 @@ class Activation:
         if round_number <= self.latest:
             return []  # a duplicate (concurrent initiators) or a late copy
         if round_number != self.latest + 1:
-            raise AssertionError(f"rank {self.rank}: activation of round {round_number} "
+            raise EngineError(f"rank {self.rank}: activation of round {round_number} "
                                  f"before round {self.latest + 1}")
         self.latest = round_number
         return [n for n in self.neighbours if n != source]

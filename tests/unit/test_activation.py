@@ -11,6 +11,7 @@ import pytest
 
 from hvd_partial.core.activation import (Activation, binomial_children, hypercube_distance, hypercube_neighbours,
                                          max_hops)
+from hvd_partial.errors import EngineError
 
 
 def flood(P, starts, delay, round_number=0):
@@ -93,7 +94,7 @@ def test_duplicates_and_order_are_checked():
     assert sorted(a.start(0)) == [1, 4]
     assert a.receive(0, 4) == [] and a.start(0) == []
     assert sorted(a.receive(1, 4)) == [1]  # forwards to every neighbour but the sender
-    with pytest.raises(AssertionError):
+    with pytest.raises(EngineError):
         a.receive(3, 1)  # round 2 was never heard
 
 

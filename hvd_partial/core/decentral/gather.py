@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...errors import EngineError
+
 
 def children_positions(position: int, size: int) -> list[int]:
     limit = position & -position if position else 1 << max(0, (size - 1).bit_length())
@@ -48,7 +50,7 @@ class Gather:
         if position is None:
             return None
         if position >= len(order) or order[position] != rank:  # pragma: no cover - a caller's bug
-            raise AssertionError(f"rank {rank} is not at position {position} of {kind} gather")
+            raise EngineError(f"rank {rank} is not at position {position} of {kind} gather")
         return cls(kind, order, position)
 
     @property

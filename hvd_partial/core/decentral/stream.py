@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...errors import StreamConflictError
+from ...errors import EngineError, StreamConflictError
 from ...modes import designated_initiator
 from ..activation import Activation
 from ..round_result import RoundResult
@@ -179,7 +179,7 @@ class DecentralStream:
         if self.failure is not None:
             return []
         if round_number != self.completed:
-            raise AssertionError(f"rank {self.rank}: round {round_number} completed, expected {self.completed}")
+            raise EngineError(f"rank {self.rank}: round {round_number} completed, expected {self.completed}")
         contributors, staleness, initiator, flush = round_facts(facts, self.flushes_done)
         if flush:
             self.flushes_done += 1
@@ -251,7 +251,7 @@ class DecentralStream:
         if isinstance(msg, Gathered):
             gather = held.stale if msg.kind in ("stale", "register") else held.flush
             if gather is None:  # pragma: no cover - a protocol bug
-                raise AssertionError(f"rank {self.rank}: {msg} for a gather it is not in")
+                raise EngineError(f"rank {self.rank}: {msg} for a gather it is not in")
             gather.child_reported(msg.position)
         elif isinstance(msg, Ready):
             if msg.holds:
@@ -259,7 +259,7 @@ class DecentralStream:
             if msg.flushing:
                 held.flushed.add(source)
         else:  # pragma: no cover - a protocol bug
-            raise AssertionError(f"rank {self.rank}: unexpected message {msg!r}")
+            raise EngineError(f"rank {self.rank}: unexpected message {msg!r}")
 
     def _progress(self) -> list:
         held = self.held
@@ -326,7 +326,7 @@ class DecentralStream:
 
     def _join(self, r: int, initiated: bool) -> Join:
         if r != self._last_joined + 1:  # pragma: no cover - a protocol bug
-            raise AssertionError(f"rank {self.rank}: joins round {r} after {self._last_joined}")
+            raise EngineError(f"rank {self.rank}: joins round {r} after {self._last_joined}")
         self._last_joined = r
         facts = empty_facts(self.world_size)
         me = self.rank
