@@ -50,7 +50,7 @@ class DecentralWorld:
                  compute: Callable[[int, int], float] | None = None, delay_s: float = 0.05,
                  liveness: bool = False, heartbeat_s: float = 1.0, failure_timeout_s: float = 6.0,
                  tick_s: float = 0.25, faults: tuple = (), time_limit_s: float = 1e6, keep_results: bool = True,
-                 run_until_s: float | None = None, flush_after: list | None = None):
+                 run_until_s: float | None = None, flush_after: list | None = None, signatures: list | None = None):
         P = world_size
         self.P = P
         self.kind = kind
@@ -59,7 +59,8 @@ class DecentralWorld:
         self.rng = random.Random(seed)
         self.delay_s = delay_s
         self.compute = compute or (lambda j, step: self.rng.uniform(0.01, 0.2))
-        self.streams = [DecentralStream(j, P, kind, max_staleness, seed=majority_seed, quorum=quorum)
+        self.streams = [DecentralStream(j, P, kind, max_staleness, seed=majority_seed, quorum=quorum,
+                                        signature=None if signatures is None else signatures[j])
                         for j in range(P)]
         self.liveness = liveness
         self.tick_s = tick_s
@@ -235,7 +236,7 @@ class DecentralWorld:
         self._push(self.now + self.compute(j, step), "compute", j, None)
 
     def _count(self, msg, direction: str, j: int):
-        per_kind = self.counts[msg.round]
+        per_kind = self.counts[getattr(msg, "round", 0)]  # a rejection belongs to registration, round 0
         name = type(msg).__name__
         if name == "Gathered":
             name += ":" + msg.kind

@@ -9,8 +9,11 @@ from collections import deque
 import numpy as np
 import pytest
 
+from hvd_partial.core.activation import max_hops
 from hvd_partial.core.decentral import Activate, Complete, DecentralStream, Gathered, Join, Send
-from hvd_partial.errors import StreamConflictError
+from hvd_partial.core.messages import StreamSignature
+from hvd_partial.errors import MismatchError, StreamConflictError
+from hvd_partial.sim.decentral_world import DecentralWorld
 
 
 class Script:
@@ -126,3 +129,24 @@ def test_majority_round_waits_for_its_designated_initiator_and_quorum():
     assert result.round == 1 and result.initiator == d and len(result.contributors) == 3
     ready = [m for src, dest, m in w.sent if type(m).__name__ == "Ready"]
     assert len(ready) == 2 and all(dest == d for src, dest, m in w.sent if type(m).__name__ == "Ready")
+
+
+def signature(shape=(4,), dtype="float32", tau=2):
+    return StreamSignature(((shape, dtype),), False, ("solo",), "average", tau)
+
+
+@pytest.mark.parametrize("P,odd", [(1, None), (2, 1), (5, 3), (7, 0), (13, 12), (40, 17)])
+def test_registration_compares_signatures_and_rejects_on_every_rank(P, odd):
+    sigs = [signature() for _ in range(P)]
+    if odd is not None:
+        sigs[odd] = signature(shape=(5,))
+    world = DecentralWorld(P, "solo", 2, [2] * P, seed=P, signatures=sigs).run()
+    if odd is None:
+        assert all(world.done) and world.taken[0][0].round == 0
+        return
+    for j in range(P):
+        err = world.errors[j]
+        assert isinstance(err, MismatchError), f"rank {j}: {err!r}"
+        assert f"rank {odd} " in str(err) and "layout" in str(err)  # one of the two ranks it names
+        assert not world.taken[j], "no round may run on a rejected stream"
+    assert 0 < world.max_per_round("Rejected") <= max_hops(P)  # flooded like an activation

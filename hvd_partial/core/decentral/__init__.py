@@ -12,8 +12,8 @@ See docs/control-plane.md for the design and its proofs.
 from .facts import RoundView
 from .gather import Gather
 from .liveness import RingLiveness
-from .messages import Activate, Complete, Failed, Gathered, Heartbeat, Join, Ready, Send
+from .messages import Activate, Complete, Failed, Gathered, Heartbeat, Join, PeerFailed, Ready, Rejected, Send
 from .stream import DecentralStream
 
 __all__ = ["DecentralStream", "RingLiveness", "RoundView", "Gather", "Activate", "Complete", "Failed", "Gathered",
-           "Heartbeat", "Join", "Ready", "Send"]
+           "Heartbeat", "Join", "PeerFailed", "Ready", "Rejected", "Send"]

@@ -32,6 +32,11 @@ class Gathered:
     round: int
     kind: str
     position: int
+    # registration only: the stream signature of rank ``first`` (the lowest rank of the
+    # subtree), and the first two ranks found to disagree, if any
+    signature: Any = None
+    first: int | None = None
+    mismatch: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,14 @@ class Ready:
     round: int
     holds: bool
     flushing: bool
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """Registration found ranks that disagree on the stream: flooded like an
+    activation; every rank fails its waiter with ``MismatchError(reason)``."""
+
+    reason: str
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@ completed round ``c - 1``, so it holds the same :class:`~.facts.RoundView`
 of round ``c`` as every other rank, and has not yet heard that ``c`` started):
 
 - Registration (round 0): every rank must post once; the ranks gather
-  (binomial convergecast) to rank 0, which starts round 0.
+  (binomial convergecast) to rank 0, which starts round 0. The reports carry
+  the stream's signature: rank 0 floods :class:`~.messages.Rejected` instead
+  when two ranks disagree, and every rank fails with ``MismatchError``.
 - Staleness bound: the view names the *blockers*, the training ranks that
   by the facts may have taken fewer than ``c - tau + 1`` rounds. A blocker is
   ready once it has posted for round ``c`` or is flushing; the blockers gather
@@ -53,14 +55,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...errors import EngineError, StreamConflictError
+from ...errors import EngineError, MismatchError, StreamConflictError
 from ...modes import designated_initiator
 from ..activation import Activation
 from ..round_result import RoundResult
 from .facts import (CONTRIBUTED, FLUSHING, INITIATED, LAST_SEQ, STALENESS, TAKEN, WAITING, RoundView, empty_facts,
                     round_facts)
 from .gather import Gather, position_in_sorted
-from .messages import Activate, Complete, Gathered, Join, Ready, Send
+from .messages import Activate, Complete, Gathered, Join, Ready, Rejected, Send
 
 
 @dataclass
@@ -82,6 +84,10 @@ class _Held:
     flushed: set = field(default_factory=set)  # at the designated initiator: ranks that began flushing
     told_holds: bool = False
     told_flushing: bool = False
+    # registration: the signature of the lowest rank heard of, that rank, and a disagreement found
+    signature: object = None
+    first: int | None = None
+    mismatch: tuple | None = None
 
 
 class DecentralStream:
@@ -92,7 +98,7 @@ class DecentralStream:
     """
 
     def __init__(self, rank: int, world_size: int, kind: str, max_staleness: int, name: str = "stream",
-                 seed: int = 0, quorum: int | None = None):
+                 seed: int = 0, quorum: int | None = None, signature=None):
         if kind not in ("solo", "majority"):
             raise ValueError(f"decentralized rounds are for solo and majority streams, not {kind!r}")
         self.rank = rank
@@ -102,6 +108,7 @@ class DecentralStream:
         self.name = name
         self.seed = seed
         self.quorum = quorum
+        self.signature = signature  # compared across ranks at registration (equality)
         self.activation = Activation(rank, world_size)
         self.pending: list[_Pending] = []
         self.seq = 0
@@ -158,6 +165,9 @@ class DecentralStream:
     def on_message(self, source: int, msg) -> list:
         if self.failure is not None:
             return []
+        if isinstance(msg, Rejected):
+            return [Send(n, msg) for n in self.activation.neighbours if n != source] + self.fail(
+                MismatchError(msg.reason))
         if isinstance(msg, Activate):
             first = not self.activation.heard(msg.round)
             sends = self.activation.receive(msg.round, source)
@@ -224,6 +234,7 @@ class DecentralStream:
         me = self.rank
         if view.registration:
             held.stale = Gather.member("register", view.blockers, me, me)
+            held.signature, held.first = self.signature, me
         else:
             if self.kind == "majority":
                 d = designated_initiator(self.seed, self.name, view.round, self.world_size)
@@ -253,6 +264,11 @@ class DecentralStream:
             if gather is None:  # pragma: no cover - a protocol bug
                 raise EngineError(f"rank {self.rank}: {msg} for a gather it is not in")
             gather.child_reported(msg.position)
+            if msg.kind == "register" and held.mismatch is None:
+                if msg.mismatch is not None:
+                    held.mismatch = msg.mismatch
+                elif msg.signature != held.signature:
+                    held.mismatch = (held.first, held.signature, msg.first, msg.signature)
         elif isinstance(msg, Ready):
             if msg.holds:
                 held.holders.add(source)
@@ -276,7 +292,13 @@ class DecentralStream:
         for gather in (held.stale, held.flush):
             if gather is not None and not gather.reported and gather.complete():
                 gather.reported = True
-                if not gather.is_root:
+                if gather.is_root:
+                    if gather.kind == "register" and held.mismatch is not None:
+                        return out + self._reject(held.mismatch)
+                elif gather.kind == "register":
+                    out.append(Send(gather.parent, Gathered(c, gather.kind, gather.position, held.signature,
+                                                            held.first, held.mismatch)))
+                else:
                     out.append(Send(gather.parent, Gathered(c, gather.kind, gather.position)))
         d = held.designated
         if d is not None and d != self.rank:
@@ -290,6 +312,15 @@ class DecentralStream:
         if self._may_start(held, holds):
             out += self._start(c, initiated=not view.registration)
         return out
+
+    def _reject(self, mismatch: tuple) -> list:
+        """Registration found two ranks that disagree: tell everyone, and fail."""
+        a, sig_a, b, sig_b = mismatch
+        diffs = sig_a.differences(sig_b) if hasattr(sig_a, "differences") else [f"{sig_a!r} vs {sig_b!r}"]
+        reason = (f"ranks disagree on stream {self.name!r}: rank {b} differs from rank {a} in "
+                  + "; ".join(diffs))
+        msg = Rejected(reason)
+        return [Send(n, msg) for n in self.activation.neighbours] + self.fail(MismatchError(reason))
 
     def _may_start(self, held: _Held, holds: bool) -> bool:
         view = held.view
