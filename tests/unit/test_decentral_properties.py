@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from hvd_partial.core.activation import max_hops
-from hvd_partial.core.decentral.facts import FLUSHING
+from hvd_partial.core.decentral.facts import FLUSHING, KNOWN_TAKEN, STALENESS
 from hvd_partial.errors import RankFailedError
 from hvd_partial.modes import designated_initiator
 from hvd_partial.sim.decentral_world import DecentralWorld, Fault
@@ -68,7 +68,7 @@ def check_counts(world: DecentralWorld, stats: dict):
                 before = world.round_facts.get(r - 1)
                 was = np.zeros(P, bool) if before is None or r - 1 in flush_rounds else before[FLUSHING] > 0
                 newly = int(((facts[FLUSHING] > 0) & ~was).sum())
-                contributors = int(np.count_nonzero(facts[0]))
+                contributors = int(np.count_nonzero(facts[STALENESS]))
                 assert recv[designated] <= contributors + newly, (r, recv[designated], contributors, newly)
                 stats["ready_max"] = max(stats.get("ready_max", 0), int(recv[designated]))
             else:  # pragma: no cover
@@ -185,7 +185,7 @@ def test_two_laggards_with_tau_1_at_p_3_do_not_stall():
         for r, per_kind in world.counts.items():
             if "Gathered:stale" in per_kind:
                 facts = world.round_facts[r - 1]
-                laggards = [j for j in (1, 2) if facts[3, j] + facts[4, j] < r]  # known taken < r - tau + 1
+                laggards = [j for j in (1, 2) if facts[KNOWN_TAKEN, j] < r]  # known taken < r - tau + 1
                 if len(laggards) == 2:
                     held += 1
     assert held > 10, "the two-laggard case did not come up"

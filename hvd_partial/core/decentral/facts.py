@@ -14,14 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 
 # rows of the facts array
-CONTRIBUTED = 0  # 1 if the rank summed data into the round
-STALENESS = 1  # round minus the round its oldest summed post was computed for
-LAST_SEQ = 2  # the last post it summed
-TAKEN = 3  # rounds it had taken when it joined
-WAITING = 4  # 1 if a post of it waited for a round when it joined
-FLUSHING = 5  # if it was flushing when it joined: which of its flushes (1, 2, ...), else 0
-INITIATED = 6  # 1 if it started the round itself
-FIELDS = 7
+STALENESS = 0  # 0 if the rank summed no data, else 1 + round minus the round its oldest summed post was computed for
+KNOWN_TAKEN = 1  # rounds it had taken when it joined, plus 1 if a post of it waited for a round then
+FLUSHING = 2  # if it was flushing when it joined: which of its flushes (1, 2, ...), else 0
+INITIATED = 3  # 1 if it started the round itself
+FIELDS = 4
 
 
 def empty_facts(world_size: int) -> np.ndarray:
@@ -74,7 +71,7 @@ class RoundView:
             blockers = everyone if max_staleness == 0 else np.zeros(0, np.int64)  # r < r - tau + 1 iff tau = 0
             return cls(r, everyone, blockers, np.full(P, r, np.int64), np.zeros(P, bool), after_flush=True)
         flushing = facts[FLUSHING] > flushes_done
-        known = facts[TAKEN] + facts[WAITING]
+        known = facts[KNOWN_TAKEN]
         over = (facts[FLUSHING] > 0) & ~flushing
         known = np.where(over, np.maximum(known, last_flush_round + 1), known)
         training = ~flushing
@@ -91,8 +88,8 @@ def is_flush_round(facts: np.ndarray, flushes_before: int) -> bool:
 def round_facts(facts: np.ndarray, flushes_before: int = 0):
     """``(contributors, staleness, initiator, flush)`` of a reduced facts array,
     after ``flushes_before`` completed flush rounds."""
-    contributors = np.flatnonzero(facts[CONTRIBUTED]).tolist()
-    staleness = dict(zip(contributors, facts[STALENESS, contributors].tolist()))
+    contributors = np.flatnonzero(facts[STALENESS]).tolist()
+    staleness = dict(zip(contributors, (facts[STALENESS, contributors] - 1).tolist()))
     flush = is_flush_round(facts, flushes_before)
     starters = np.flatnonzero(facts[INITIATED])
     initiator = None if flush or len(starters) == 0 else int(starters[0])

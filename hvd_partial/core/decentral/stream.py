@@ -59,8 +59,7 @@ from ...errors import EngineError, MismatchError, StreamConflictError
 from ...modes import designated_initiator
 from ..activation import Activation
 from ..round_result import RoundResult
-from .facts import (CONTRIBUTED, FLUSHING, INITIATED, LAST_SEQ, STALENESS, TAKEN, WAITING, RoundView, empty_facts,
-                    round_facts)
+from .facts import FLUSHING, INITIATED, KNOWN_TAKEN, STALENESS, RoundView, empty_facts, round_facts
 from .gather import Gather, position_in_sorted
 from .messages import Activate, Complete, Gathered, Join, Ready, Rejected, Send
 
@@ -363,11 +362,9 @@ class DecentralStream:
         me = self.rank
         items, self.pending = self.pending, []
         if items:
-            facts[CONTRIBUTED, me] = 1
-            facts[STALENESS, me] = r - items[0].computed_for
-            facts[LAST_SEQ, me] = items[-1].seq
-        facts[TAKEN, me] = self.taken
-        facts[WAITING, me] = 1 if self.waiter is not None and self.waiter[0] == "post" else 0
+            facts[STALENESS, me] = 1 + r - items[0].computed_for
+        waiting = self.waiter is not None and self.waiter[0] == "post"
+        facts[KNOWN_TAKEN, me] = self.taken + (1 if waiting else 0)
         facts[FLUSHING, me] = self.flushes if self.flushing else 0
         facts[INITIATED, me] = 1 if initiated else 0
         if self.held is not None and self.held.view.round <= r:
