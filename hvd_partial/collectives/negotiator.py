@@ -51,6 +51,8 @@ _PACE_SECONDS = 1e-3  # Horovod's default cycle time
 _SLOW_PACE_SECONDS = 1e-2
 _QUIET_BEFORE_SLOW = 100
 _STALL_CHECK_SECONDS = 1.0
+# Bytes per rank of a cycle's first allgather: most cycles' announcements fit.
+_SLOT_BYTES = 512
 
 
 class _Entry:
@@ -177,23 +179,39 @@ class Negotiator:
             announcements.append(request.announcement())
         leaving = self._leaving and not self._announced_leaving
         self._announced_leaving |= leaving
-        payload = pickle.dumps((announcements, leaving)) if announcements or leaving else b""
+        payload = pickle.dumps((announcements, leaving), protocol=pickle.HIGHEST_PROTOCOL) if announcements or leaving else b""
         generator = self._cycle_steps(np.frombuffer(payload, dtype=np.uint8).copy())
         self._steps = (generator, next(generator))
 
     def _cycle_steps(self, payload: np.ndarray):
+        """One cycle: an allgather of fixed slots (a length, then the payload
+        when it fits), and a second, variable one only when some payload did not fit."""
         channel = self._channel
-        counts = np.empty(self.size, dtype=np.int64)
-        yield channel.allgather_counts(np.array([payload.size], dtype=np.int64), counts)
-        if not counts.any():
-            return [None] * self.size
-        gathered = np.empty(int(counts.sum()), dtype=np.uint8)
-        yield channel.allgather_bytes(payload, gathered, counts)
-        tables, offset = [], 0
-        for n in counts:
+        slot = np.zeros(_SLOT_BYTES, dtype=np.uint8)
+        slot[:8].view(np.int64)[0] = payload.size
+        inline = payload.size <= _SLOT_BYTES - 8
+        if inline:
+            slot[8:8 + payload.size] = payload
+        slots = np.empty(self.size * _SLOT_BYTES, dtype=np.uint8)
+        yield channel.allgather_bytes(slot, slots, [_SLOT_BYTES] * self.size)
+        slots = slots.reshape(self.size, _SLOT_BYTES)
+        counts = slots[:, :8].copy().view(np.int64).reshape(-1)
+        spilled = counts > _SLOT_BYTES - 8
+        gathered = offsets = None
+        if spilled.any():
+            sizes = np.where(spilled, counts, 0)
+            gathered = np.empty(int(sizes.sum()), dtype=np.uint8)
+            offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+            yield channel.allgather_bytes(payload if not inline else payload[:0], gathered, sizes)
+        tables = []
+        for rank, n in enumerate(counts):
             n = int(n)
-            tables.append(pickle.loads(gathered[offset:offset + n].tobytes()) if n else None)
-            offset += n
+            if n == 0:
+                tables.append(None)
+            elif spilled[rank]:
+                tables.append(pickle.loads(gathered[offsets[rank]:offsets[rank] + n].tobytes()))
+            else:
+                tables.append(pickle.loads(slots[rank, 8:8 + n].tobytes()))
         return tables
 
     def _advance_cycle(self) -> bool:
