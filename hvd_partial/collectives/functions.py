@@ -405,6 +405,21 @@ def barrier(process_set=global_process_set) -> None:
     api.synchronize(barrier_async(process_set))
 
 
+def run_on_engine(function):
+    """Run ``function()`` on this rank's engine thread (no communication) and
+    return its value: for changes to what only the engine thread may touch.
+
+    Example::
+
+        run_on_engine(lambda: engine_owned_object.close())
+    """
+    engine = api._require()
+    handle = Handle("run_on_engine")
+    request = Request("", kinds.LOCAL, (), None, [], handle, finish=lambda _: function())
+    engine.submit_helper(request)
+    return api.synchronize(handle)
+
+
 def join(device: int = -1) -> int:
     """Declare that this rank has no more data (Horovod's ``join``).
 

@@ -102,6 +102,12 @@ class Negotiator:
         if getattr(self._transport, "helpers", None) is None:
             self._finish_error(request, EngineError("this transport has no helper communicator"))
             return
+        if request.kind == kinds.LOCAL:
+            try:
+                self._finish_value(request, request.finish(None))
+            except Exception as err:  # noqa: BLE001 - handed to the caller
+                self._finish_error(request, err)
+            return
         if self._leaving:
             self._finish_error(request, EngineError(f"rank {self.rank}: {request.kind} {request.name!r} "
                                                     "submitted while shutting down"))

@@ -1,16 +1,16 @@
 """Process sets with Horovod's names. Only the global set is implemented:
 ``global_process_set`` is accepted by every collective, and any other set
-raises :class:`~hvd_partial.errors.UnsupportedInputError` saying so.
+raises :class:`~hvd_partial.errors.NotSupportedError` saying so.
 
 Example::
 
     hvd.allreduce(x, process_set=hvd.global_process_set)   # fine
-    hvd.add_process_set([0, 1])                            # UnsupportedInputError
+    hvd.add_process_set([0, 1])                            # NotSupportedError
 """
 
 from __future__ import annotations
 
-from ..errors import UnsupportedInputError
+from ..errors import NotSupportedError
 
 
 class ProcessSet:
@@ -44,7 +44,7 @@ global_process_set = ProcessSet()
 
 def add_process_set(process_set) -> ProcessSet:
     """Horovod registers sub-communicators here; hvd_partial has only the global set."""
-    raise UnsupportedInputError(
+    raise NotSupportedError(
         f"add_process_set({process_set!r}): hvd_partial supports only hvd.global_process_set; run a separate "
         "job per group, or pass the group's communicator to hvd.init(comm=...)")
 
@@ -52,7 +52,7 @@ def add_process_set(process_set) -> ProcessSet:
 def remove_process_set(process_set) -> bool:
     """Only sets added with :func:`add_process_set` can be removed: none here."""
     if process_set is global_process_set:
-        raise UnsupportedInputError("remove_process_set: the global process set cannot be removed")
+        raise NotSupportedError("remove_process_set: the global process set cannot be removed")
     return False
 
 
@@ -60,5 +60,5 @@ def check_process_set(process_set, what: str) -> None:
     if process_set is None or process_set is global_process_set or (
             isinstance(process_set, ProcessSet) and process_set.ranks is None):
         return
-    raise UnsupportedInputError(f"{what}: process_set={process_set!r}: hvd_partial supports only "
+    raise NotSupportedError(f"{what}: process_set={process_set!r}: hvd_partial supports only "
                                 "hvd.global_process_set")

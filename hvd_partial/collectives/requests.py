@@ -21,6 +21,9 @@ ALLTOALL = "alltoall"
 REDUCESCATTER = "reducescatter"
 BARRIER = "barrier"
 JOIN = "join"
+# Not a collective: ``finish(None)`` runs on the engine thread at submission
+# (how compute threads change what only the engine thread touches).
+LOCAL = "local"
 
 
 @dataclass

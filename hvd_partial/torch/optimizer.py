@@ -25,12 +25,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import warnings
 from collections import deque
 
 import numpy as np
 import torch
 
 import hvd_partial as _core
+from ..collectives.process_sets import check_process_set, global_process_set
 from ..core.round_result import RoundResult
 from ..errors import ConfigError, HvdPartialError, MismatchError, UnsupportedInputError
 from ..modes import Mode, ReduceOp
@@ -124,9 +126,26 @@ class DistributedOptimizer:
         print(opt.rounds, [r.contributors for r in opt.last_results])
     """
 
-    def __init__(self, optimizer, named_parameters=None, mode: Mode | None = None, op: ReduceOp = _core.Average,
-                 compression=Compression.none, backward_passes_per_step: int = 1, max_staleness: int | None = None,
-                 sparse_as_dense: bool = False, name: str | None = None):
+    def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
+                 backward_passes_per_step: int = 1, op: ReduceOp = _core.Average,
+                 gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups=None,
+                 sparse_as_dense: bool = False, process_set=global_process_set, *, mode: Mode | None = None,
+                 max_staleness: int | None = None, name: str | None = None):
+        check_process_set(process_set, "DistributedOptimizer")
+        if op is ReduceOp.ADASUM:
+            raise UnsupportedInputError("DistributedOptimizer(op=Adasum): Adasum is not implemented by hvd_partial; "
+                                        "use op=Average (the default)")
+        if not isinstance(gradient_predivide_factor, (int, float)) or gradient_predivide_factor <= 0:
+            raise ConfigError(f"gradient_predivide_factor must be a number > 0, got {gradient_predivide_factor!r}")
+        if gradient_predivide_factor != 1.0 and op is not ReduceOp.AVERAGE:
+            raise ConfigError("gradient_predivide_factor is only supported with op=Average (as in Horovod)")
+        if not isinstance(num_groups, int) or num_groups < 0:
+            raise ConfigError(f"num_groups must be an int >= 0, got {num_groups!r}")
+        if groups is not None and num_groups:
+            raise ConfigError("pass either num_groups or groups, not both (as in Horovod)")
+        if groups is not None and not (isinstance(groups, int) and groups >= 0) and not (
+                isinstance(groups, (list, tuple)) and all(isinstance(g, (list, tuple)) for g in groups)):
+            raise ConfigError("groups must be an int >= 0 or a list of lists of parameters")
         if isinstance(optimizer, DistributedOptimizer):
             raise TypeError("this optimizer is already a DistributedOptimizer; wrap the plain optimizer once")
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -144,6 +163,7 @@ class DistributedOptimizer:
             raise TypeError(f"name must be a non-empty str, got {name!r}")
 
         self._inner = optimizer
+        self._predivide = float(gradient_predivide_factor)
         self._mode = mode
         self._op = op
         self._compression = compression
@@ -162,7 +182,7 @@ class DistributedOptimizer:
         self._round_base = 0  # rounds taken before a checkpoint was loaded
         self._updates = 0
         self._loaded: tuple | None = None  # (round, [(id, version) of each grad]) after synchronize()
-        self._warned_double_sync = False
+        self._hyper: tuple | None = None  # hyperparameters as the last step left them (solo, majority)
         self.last_results: list[RoundResult] = []
         self._hook_handles: list = []
         self._collect_parameters()
@@ -265,11 +285,14 @@ class DistributedOptimizer:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._check_hyperparameters()
         if self._synchronized:
-            if self._should_sync and not self._warned_double_sync:
-                self._warned_double_sync = True
-                log.warning("rank %s: optimizer.step() after optimizer.synchronize() outside "
-                            "optimizer.skip_synchronize(); applying the rounds already taken", _rank())
+            if self._should_sync:
+                # Horovod warns the same way (scripts filter or catch it).
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(); applying the rounds already taken. Use "
+                              "'with optimizer.skip_synchronize(): optimizer.step()' after synchronize()",
+                              UserWarning, stacklevel=2)
         elif not self._should_sync:
             raise SynchronizationError(
                 f"rank {_rank()}: step() inside skip_synchronize() without a prior synchronize() would apply this "
@@ -369,6 +392,7 @@ class DistributedOptimizer:
         self._loaded = None
         self._apply_queue()
         self._dirty = False
+        self._hyper = None  # every rank is at the same round: schedules may change hyperparameters here
         return self.last_results
 
     # ===== state =============================================================================
@@ -398,6 +422,7 @@ class DistributedOptimizer:
         state_dict = dict(state_dict)
         extra = state_dict.pop(STATE_KEY, None)
         self._inner.load_state_dict(state_dict)
+        self._hyper = None
         if extra is not None:
             self._round_base = int(extra["rounds"]) - self._taken
             self._updates = int(extra.get("updates", 0))
@@ -524,6 +549,29 @@ class DistributedOptimizer:
                 self._load(result)
             self._inner.step()
             self._updates += 1
+        self._hyper = _hyperparameters(self._inner) if self._mode.kind != "sync" else None
+
+    def _check_hyperparameters(self) -> None:
+        """Solo and majority: refuse hyperparameters changed between local
+        steps. Ranks take different numbers of rounds per local step, so a
+        value set per local step (a learning rate from the batch index, a
+        scheduler stepped per local epoch) would apply to different rounds on
+        different ranks and the replicas would diverge silently."""
+        if self._hyper is None:
+            return
+        now = _hyperparameters(self._inner)
+        if now == self._hyper:
+            return
+        changed = sorted({f"param_groups[{i}].{k}" for i, (a, b) in enumerate(zip(now, self._hyper))
+                          for k, v in a if dict(b).get(k) != v}) or ["param_groups"]
+        self._hyper = None
+        raise SynchronizationError(
+            f"rank {_rank()}: {', '.join(changed)} changed between two local steps in {self._mode.kind} mode. Ranks "
+            "take different numbers of rounds per local step, so a value set per local step (from the batch index, "
+            "or a scheduler stepped per local epoch) reaches different rounds on different ranks and the replicas "
+            "diverge. Drive schedules by optimizer.rounds: set them in optimizer.register_step_pre_hook(...) or "
+            "optimizer.attach_lr_scheduler(...), or change them right after optimizer.flush() (every rank is at "
+            "the same round there); or use mode=hvd.Sync()")
 
     def _explain_mismatch(self, err: MismatchError) -> MismatchError:
         """Every rank got ``err`` (the stream was rejected everywhere): compare the
@@ -552,6 +600,21 @@ class DistributedOptimizer:
         return MismatchError(f"rank {_rank()}: DistributedOptimizer stream {self._name!r}: the model differs across "
                              f"ranks: {'; '.join(problems)}. Every rank must wrap the same parameters "
                              f"(same order, shapes and dtypes)")
+
+
+def _hyperparameters(optimizer) -> tuple:
+    """The param groups' hyperparameters (everything but the parameters), comparable with ==."""
+    out = []
+    for group in optimizer.param_groups:
+        items = []
+        for key, value in group.items():
+            if key == "params":
+                continue
+            if isinstance(value, torch.Tensor):
+                value = tuple(value.detach().reshape(-1).tolist())
+            items.append((key, value))
+        out.append(tuple(items))
+    return tuple(out)
 
 
 _TORCH_DTYPES: dict = {}
