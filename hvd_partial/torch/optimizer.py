@@ -218,6 +218,10 @@ class DistributedOptimizer:
         for p in self._params:
             wire_dtype(self._compressed_dtype(p.dtype), f"parameter {names[id(p)]!r}")
         self._zeros: dict[int, torch.Tensor] = {}
+        # Sync mode: parameters whose gradients are sparse, reduced Horovod's way
+        # (allgather of indices and values) beside the dense stream; fixed at the first step.
+        self._sparse_idx: list[int] | None = None
+        self._sparse_grads: dict[int, torch.Tensor] = {}
         for handle in self._hook_handles:
             handle.remove()
         self._passes = _PassCounter(self._backward_passes, names)
@@ -329,6 +333,7 @@ class DistributedOptimizer:
         if self._synchronized:
             return self.last_results
         self._passes.check()
+        self._settle_sparse_layout()
         arrays, ctxs = self._local_gradients()
         handle = _core.grouped_partial_allreduce_async(arrays, self._name, mode=self._mode, op=self._op,
                                                        max_staleness=self._max_staleness)
@@ -336,6 +341,7 @@ class DistributedOptimizer:
             results = _core.synchronize(handle)
         except MismatchError as err:
             raise self._explain_mismatch(err) from err
+        self._reduce_sparse()
         self._ctxs = ctxs
         self._posted = True
         self._dirty = self._mode.kind != "sync"
@@ -496,7 +502,10 @@ class DistributedOptimizer:
                     "optimizer was wrapped but now has a gradient; the stream's layout is fixed. Wrap the "
                     "optimizer again after unfreezing")
         wires, ctxs = [], []
+        sparse = set(self._sparse_idx or ())
         for i, (p, name) in enumerate(zip(self._params, self._names)):
+            if i in sparse:
+                continue
             g = p.grad
             if g is None:
                 g = self._zeros.get(i)
@@ -504,27 +513,78 @@ class DistributedOptimizer:
                     g = self._zeros[i] = torch.zeros(p.shape, dtype=p.dtype)
             elif g.is_sparse:
                 if not self._sparse_as_dense:
+                    if self._mode.kind == "sync":
+                        raise UnsupportedInputError(
+                            f"rank {_rank()}: parameter {name!r} has a sparse gradient now but had a dense one (or "
+                            "none on every rank) at the first step; a parameter's gradients must stay sparse or "
+                            "dense, or pass sparse_as_dense=True")
                     raise UnsupportedInputError(
-                        f"rank {_rank()}: parameter {name!r} has a sparse gradient, which partial collectives do not "
-                        "reduce; pass sparse_as_dense=True (or use a dense embedding)")
+                        f"rank {_rank()}: parameter {name!r} has a sparse gradient, which {self._mode.kind} rounds "
+                        "cannot carry (a round has a fixed dense layout); pass sparse_as_dense=True, or use "
+                        "mode=hvd.Sync(), where sparse gradients are allgathered as in Horovod")
                 g = g.to_dense()
             wire, ctx = self._compression.compress(g)
             wires.append(wire)
             ctxs.append(ctx)
-        return self._staging.to_host(wires, self._names), ctxs
+        names = [n for i, n in enumerate(self._names) if i not in sparse]
+        if not wires:  # every gradient is sparse: the stream still counts the rounds
+            wires, names = [torch.zeros(1, dtype=torch.float32)], ["(rounds)"]
+        return self._staging.to_host(wires, names), ctxs
+
+    def _settle_sparse_layout(self) -> None:
+        """Sync mode, first step: which parameters have sparse gradients (on any rank)."""
+        if self._sparse_idx is not None or self._mode.kind != "sync" or self._sparse_as_dense:
+            return
+        mine = [i for i, p in enumerate(self._params) if p.grad is not None and p.grad.is_sparse]
+        everyone = _core.allgather_object(mine, name=f"{self._name}.sparse_layout")
+        union = sorted(set().union(*map(set, everyone)))
+        for i in union:
+            g = self._params[i].grad
+            if g is not None and not g.is_sparse:
+                raise UnsupportedInputError(
+                    f"rank {_rank()}: parameter {self._names[i]!r} has a dense gradient here but a sparse one on "
+                    "another rank; pass sparse_as_dense=True")
+        self._sparse_idx = union
+
+    def _reduce_sparse(self) -> None:
+        """Sync mode: reduce the sparse gradients by allgather (Horovod's way)."""
+        if not self._sparse_idx:
+            return
+        from .mpi_ops import sparse_allreduce_async, synchronize
+
+        handles = {}
+        for i in self._sparse_idx:
+            p = self._params[i]
+            g = p.grad
+            if g is None:
+                # No gradient on this rank: an empty one, indexed by rows as an embedding's is.
+                g = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64),
+                                            torch.zeros((0, *p.shape[1:]), dtype=p.dtype), p.shape)
+            elif not g.is_sparse:
+                raise UnsupportedInputError(
+                    f"rank {_rank()}: parameter {self._names[i]!r} had a sparse gradient at the first step and has "
+                    "a dense one now; a parameter's gradients must stay sparse or dense")
+            handles[i] = sparse_allreduce_async(g, f"{self._name}.sparse.{self._names[i]}", self._op)
+        self._sparse_grads = {i: synchronize(h).coalesce() for i, h in handles.items()}
 
     def _load(self, result: RoundResult) -> None:
         arrays = result.arrays
-        targets = [(p.device, _torch_dtype(a), p.shape) for p, a in zip(self._params, arrays)]
+        sparse = set(self._sparse_idx or ())
+        params = [p for i, p in enumerate(self._params) if i not in sparse]
+        for i in sparse:
+            grad = self._sparse_grads.get(i)
+            if grad is not None:
+                self._params[i].grad = grad
+        targets = [(p.device, _torch_dtype(a), p.shape) for p, a in zip(params, arrays)]
         grads = HostStaging.from_host(arrays, targets)
-        for p, g, ctx in zip(self._params, grads, self._ctxs):
+        for p, g, ctx in zip(params, grads, self._ctxs):
             g = self._compression.decompress(g, ctx)
             if g.dtype != p.dtype:
                 g = g.to(p.dtype)
             p.grad = g
 
     def _grad_versions(self) -> list:
-        return [(id(p.grad), p.grad._version) for p in self._params]
+        return [(id(p.grad), p.grad._version) for p in self._params if p.grad is not None]
 
     def _apply_queue(self) -> None:
         queue = self._queue
