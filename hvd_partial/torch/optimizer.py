@@ -82,7 +82,9 @@ def _rank() -> int | str:
     try:
         return _core.rank()
     except HvdPartialError:
-        return "?"
+        # The engine failed (another rank raised first): the rank is still known.
+        transport = _core.api._transport
+        return transport.rank if transport is not None else "?"
 
 
 def _facts(result: RoundResult) -> RoundResult:
