@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -147,9 +148,12 @@ class Engine:
         self._pools: dict[int, BufferPool] = {}
         self._local_inbox: deque = deque()  # rank 0: the coordinator's messages to itself
         self._coordinator_inbox: deque = deque()  # rank 0: its own messages to the coordinator
-        # Negotiated helper collectives: submit(request), progress() each step, busy.
-        self._helpers = Negotiator(transport, config, fail=lambda err: self._fail(err, notify=False, local=True))
         self._pending_handles: set[Handle] = set()
+        # Negotiated helper collectives: submit(request), progress() each step, busy.
+        # (A weak reference: a cycle would keep every shut-down engine alive until a full collection.)
+        failing = weakref.WeakMethod(self._fail)
+        self._helpers = Negotiator(transport, config, fail=lambda err: failing()(err, notify=False, local=True),
+                                   pending=self._pending_handles)
         self._reduce_poll = config.reduce_poll_us / 1e6
         self._nap_max = config.idle_poll_ms / 1000.0
         self._rung_unanswered = False  # a nap ended by a ring, and no step found work since
@@ -526,15 +530,14 @@ class Engine:
             self._to_flush = {sid for sid in self._by_id} - self._flushed
             self._helpers.shutdown()
             return
-        if isinstance(cmd, HelperCommand):
-            self._helpers.submit(cmd.request)
-            return
         self._pending_handles.add(cmd.handle)
         try:
             if isinstance(cmd, PostCommand):
                 self._post(cmd)
             elif isinstance(cmd, FlushCommand):
                 self._flush(cmd)
+            elif isinstance(cmd, HelperCommand):
+                self._helpers.submit(cmd.request)
             else:  # pragma: no cover
                 raise EngineError(f"unknown command {cmd!r}")
         except HvdPartialError as err:
