@@ -96,7 +96,8 @@ class DistributedOptimizer:
     """Wrap ``optimizer`` so that ``step()`` reduces gradients across ranks with
     a partial (or synchronous) allreduce and applies every round's result.
 
-    Arguments (Horovod's, plus ``mode``, ``max_staleness`` and ``name``):
+    Arguments (Horovod's, in Horovod's order, plus keyword-only ``mode``,
+    ``max_staleness`` and ``name``):
 
     - ``optimizer``: any ``torch.optim.Optimizer`` whose ``step()`` needs no
       closure (SGD, Adam, AdamW, RMSprop, ...). It stays reachable as ``.optimizer``.
@@ -110,8 +111,13 @@ class DistributedOptimizer:
       Gradients are summed over the passes (scale the loss to average them).
     - ``max_staleness``: bound in rounds for solo and majority (default: the
       ``max_staleness`` given to ``init``).
-    - ``sparse_as_dense``: reduce sparse gradients as dense tensors (otherwise
-      a sparse gradient raises ``UnsupportedInputError``).
+    - ``sparse_as_dense``: reduce sparse gradients as dense tensors. Otherwise
+      sync mode allgathers them (Horovod's way) and solo/majority raise
+      ``UnsupportedInputError``.
+    - ``gradient_predivide_factor``, ``num_groups``, ``groups``: Horovod's,
+      checked; they do not change the result (the average is the same, and
+      every gradient already travels in one fused post).
+    - ``process_set``: only ``global_process_set``.
     - ``name``: the stream's name; by default the n-th wrapped optimizer of the
       process is ``torch.DistributedOptimizer.n`` (wrap in the same order on
       every rank).
