@@ -31,7 +31,7 @@ from ..core.rank_stream import Launch, RankStream, Waiter
 from ..errors import (EngineError, HvdPartialError, MismatchError, NotInitializedError, RankFailedError,
                       StreamConflictError, TooManyStreamsError)
 from ..modes import ReduceOp
-from ..transport.mpi import TAG_FAILURE, TAG_FROM_COORDINATOR, TAG_HEARTBEAT, TAG_TO_COORDINATOR
+from ..transport.tags import TAG_FAILURE, TAG_FROM_COORDINATOR, TAG_HEARTBEAT, TAG_TO_COORDINATOR
 from .handle import Handle
 from ..observe.monitor import TAG_STATUS
 from .stats import StatsRecorder
@@ -58,6 +58,9 @@ _NAP_MIN_SECONDS = 5e-5
 # idle engine takes after a wake-up that found nothing, before it sleeps
 # doorbell_poll_ms at a time again.
 _RECHECKS = 5
+# A gap this long between two liveness checks means this process itself did
+# not run (stopped, swapped out, starved): peers' silence then is no evidence.
+_FROZEN_SECONDS = 0.25
 
 
 @dataclass
@@ -176,6 +179,7 @@ class Engine:
         self._last_heard = [now] * self.size
         self._next_heartbeat = now
         self._next_liveness_check = now
+        self._last_liveness_check = now
         self._thread = threading.Thread(target=self._run, name=f"hvd_partial-engine-{self.rank}", daemon=True)
 
     # ===== compute-thread side =====================================================
@@ -602,7 +606,11 @@ class Engine:
         elif tag == TAG_FROM_COORDINATOR:
             self._from_coordinator(message)
         elif tag == TAG_FAILURE:
-            self._fail(RankFailedError(message.rank, message.reason), notify=False)
+            if message.rank == self.rank:  # the others gave up on this rank (it was stopped, say)
+                self._fail(RankFailedError(self.rank, f"declared failed by rank {source}: {message.reason}"),
+                           notify=False)
+            else:
+                self._fail(RankFailedError(message.rank, message.reason), notify=False)
         elif tag == TAG_HEARTBEAT:
             pass
         elif tag == TAG_STATUS:
@@ -781,6 +789,12 @@ class Engine:
         if now < self._next_liveness_check:
             return
         self._next_liveness_check = now + 0.01
+        gap = now - self._last_liveness_check
+        self._last_liveness_check = now
+        if gap > _FROZEN_SECONDS:
+            # Count only the silence this rank saw while it ran: a rank that was
+            # stopped and resumed must not blame the peers it could not hear.
+            self._last_heard = [min(now, heard + gap) for heard in self._last_heard]
         if self.observer is not None:
             self.observer.tick()
         if now >= self._next_heartbeat:
@@ -810,8 +824,10 @@ class Engine:
             origin = getattr(error, "rank", self.rank)
             if not isinstance(error, RankFailedError) or error.rank is None:
                 origin = self.rank
+            # The accused rank is told too: if it was only stopped, it learns on
+            # resuming that it is the one that failed instead of blaming a peer.
             for dest in range(self.size):
-                if dest != self.rank and dest != getattr(error, "rank", None):
+                if dest != self.rank:
                     try:
                         self.transport.send(dest, TAG_FAILURE, Failure(origin, reason))
                     except Exception:  # noqa: BLE001 - best effort towards a broken peer

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 import hvd_partial as _core
+from .. import session as _session
 from ..collectives.process_sets import check_process_set, global_process_set
 from ..core.round_result import RoundResult
 from ..errors import ConfigError, HvdPartialError, MismatchError, UnsupportedInputError
@@ -83,8 +84,8 @@ def _rank() -> int | str:
         return _core.rank()
     except HvdPartialError:
         # The engine failed (another rank raised first): the rank is still known.
-        transport = _core.api._transport
-        return transport.rank if transport is not None else "?"
+        current = _session.current()
+        return current.transport.rank if current is not None else "?"
 
 
 def _facts(result: RoundResult) -> RoundResult:
