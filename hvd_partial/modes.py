@@ -24,6 +24,11 @@ class ReduceOp(Enum):
 
     AVERAGE = "average"  # sum divided by the world size
     SUM = "sum"
+    # Helper collectives only (partial allreduce streams take Average and Sum):
+    MIN = "min"
+    MAX = "max"
+    PRODUCT = "product"
+    ADASUM = "adasum"  # refused with a clear error (not implemented)
 
     def __repr__(self) -> str:
         return f"hvd_partial.{self.name.title()}"
@@ -31,6 +36,10 @@ class ReduceOp(Enum):
 
 Average = ReduceOp.AVERAGE
 Sum = ReduceOp.SUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+Adasum = ReduceOp.ADASUM
 
 
 class RoundFacts:

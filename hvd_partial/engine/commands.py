@@ -44,7 +44,7 @@ class FlushCommand:
 
 @dataclass
 class HelperCommand:
-    start: Callable[[], Any]  # returns a generator that yields MPI requests
+    request: Any  # a hvd_partial.collectives request, for the negotiator
     handle: Handle
 
     def describe(self) -> str:

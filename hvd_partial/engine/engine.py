@@ -7,8 +7,8 @@ the simulator run) and is its host: it moves the driver's messages, starts
 and completes the reductions it launches, and wakes the calls it finishes.
 
 Its parts, one job each: :mod:`.commands` (intake), :mod:`.dispatch`
-(messages by tag), :mod:`.reductions` (rounds in flight), :mod:`.helpers`
-(helper collectives), :mod:`.pacing` (the idle/wake policy) and
+(messages by tag), :mod:`.reductions` (rounds in flight), the helper collectives'
+:class:`~hvd_partial.collectives.negotiator.Negotiator`, :mod:`.pacing` (the idle/wake policy) and
 :mod:`.liveness` (heartbeats and failure notices).
 """
 
@@ -18,8 +18,8 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any, Callable
 
+from ..collectives.negotiator import Negotiator
 from ..config import Config
 from ..core.driver import Driver
 from ..core.rank_stream import Launch, RankStream, Waiter
@@ -30,7 +30,6 @@ from ..transport.tags import TAG_FAILURE, TAG_HEARTBEAT
 from .commands import AbortCommand, CommandIntake, FlushCommand, HelperCommand, PostCommand, ShutdownCommand
 from .dispatch import Dispatch
 from .handle import Handle
-from .helpers import HelperQueue
 from .liveness import Liveness
 from .pacing import Pacing
 from .reductions import Reductions
@@ -77,7 +76,9 @@ class Engine:
                               self._intake.queue)
         self._intake.poke = self._pacing.poke
         self._reductions = Reductions(transport, self.rank, config.reduce_poll_us, self._driver.complete)
-        self._helpers = HelperQueue(self._calls.discard)
+        # Negotiated helper collectives: submit(request), progress() each step, busy.
+        self._helpers = Negotiator(transport, config, fail=lambda err: me.fail(err, notify=False, local=True),
+                                   pending=self._calls)
         self._liveness = Liveness(transport, self.rank, self.size, config)
         self._dispatch = Dispatch(transport, self.rank, self._driver, {
             TAG_FAILURE: lambda source, notice: me.fail(me._liveness.failure_notice(source, notice)),
@@ -110,9 +111,8 @@ class Engine:
         handle = Handle(name)
         return self._submit(FlushCommand(name, handle), handle)
 
-    def submit_helper(self, name: str, start: Callable[[], Any]) -> Handle:
-        handle = Handle(name)
-        return self._submit(HelperCommand(start, handle), handle)
+    def submit_helper(self, request) -> Handle:
+        return self._submit(HelperCommand(request, request.handle), request.handle)
 
     def wait(self, handle: Handle):
         """Block until ``handle`` is done; raise the engine's failure if any."""
@@ -244,7 +244,7 @@ class Engine:
         if self.failure is not None:
             self._liveness.drain_notices()
             return True
-        if not self._driver.left or self._reductions.in_flight:
+        if not self._driver.left or self._reductions.in_flight or not self._helpers.finished:
             return False
         if not self._last_sends_out():
             return False
@@ -285,6 +285,7 @@ class Engine:
         if isinstance(cmd, ShutdownCommand):
             self._shutdown_handle = cmd.handle
             self._driver.leave()
+            self._helpers.shutdown()
             return
         handle = cmd.handle
         self._calls.add(handle)
@@ -302,7 +303,7 @@ class Engine:
         self._driver.flush(cmd.name, Waiter("flush", handle=cmd.handle))
 
     def _helper(self, cmd: HelperCommand) -> None:
-        self._helpers.submit(cmd.start, cmd.handle)
+        self._helpers.submit(cmd.request)
 
     def _on_status(self, source: int, status) -> None:
         if self.observer is not None:

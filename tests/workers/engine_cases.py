@@ -140,10 +140,20 @@ elif case == "local_misuse":
     out["int_avg"] = expect(hvd.UnsupportedInputError, hvd.partial_allreduce, np.ones(4, np.int64), "i")
     out["bad_mode"] = expect(TypeError, hvd.partial_allreduce, np.ones(4), "m", mode="solo")
     out["bad_tau"] = expect(hvd.ConfigError, hvd.partial_allreduce, np.ones(4), "t", max_staleness=-1)
-    handle = hvd.partial_allreduce_async(np.ones(4), "grads")
-    second = hvd.partial_allreduce_async(np.ones(4), "grads")
-    out["double_post"] = expect(hvd.StreamConflictError, hvd.synchronize, second)
-    hvd.synchronize(handle)
+    # One outstanding post per stream, checked in turns on a sync stream: its
+    # round cannot complete (and end the first post) while the other rank
+    # holds back its own post.
+    hvd.partial_allreduce(np.ones(4), "dbl", mode=hvd.Sync())  # registered on both ranks
+    for turn in range(2):
+        if hvd.rank() == turn:
+            handle = hvd.partial_allreduce_async(np.ones(4), "dbl", mode=hvd.Sync())
+            second = hvd.partial_allreduce_async(np.ones(4), "dbl", mode=hvd.Sync())
+            out["double_post"] = expect(hvd.StreamConflictError, hvd.synchronize, second)
+            MPI.COMM_WORLD.send(None, dest=1 - turn, tag=78)
+            hvd.synchronize(handle)
+        else:
+            MPI.COMM_WORLD.recv(source=turn, tag=78)
+            hvd.partial_allreduce(np.ones(4), "dbl", mode=hvd.Sync())
     out["flush_unknown"] = expect(hvd.StreamConflictError, hvd.flush, "never-posted")
     hvd.flush("grads")
     report(out)

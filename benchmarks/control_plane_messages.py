@@ -1,0 +1,173 @@
+"""Control messages per rank per round, today's coordinator against the
+coordinator-free control plane, for P = 2 .. 4096.
+
+Both are counted by running the protocol's own code, not from a formula:
+
+- today's: the coordinator (rank 0) and every rank's stream, driven by the
+  cluster simulator (:class:`hvd_partial.sim.cluster.ClusterSimulator`,
+  free network) through every event; a control message is a report to the
+  coordinator (register, post, flush, goodbye) or one copy of a message it
+  sends to another rank (registered, round start);
+- the new one: :class:`hvd_partial.core.decentral.DecentralStream` on every
+  rank of :class:`hvd_partial.sim.decentral_world.DecentralWorld`; a control
+  message is an activation, a gather report or a quorum notice, counted per
+  rank, per round, sent and received.
+
+Every rank posts ``--posts`` times (compute 20 ms, one rank 100 ms slower
+per step, as in the projection's "1 rank/step" rows), tau=8, then flushes.
+Liveness is apart: today every rank sends a heartbeat to every peer (P - 1
+per rank per period); the ring sends one (the tests measure at most 1.03).
+
+    python benchmarks/control_plane_messages.py                  # P = 2..4096, ~5 minutes
+    python benchmarks/control_plane_messages.py --quick          # P up to 256
+    python benchmarks/control_plane_messages.py --coordinator-max 4096
+
+Writes benchmarks/results/control_plane_messages.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RESULTS = os.path.join(HERE, "results")
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import numpy as np  # noqa: E402
+
+from hvd_partial.core.activation import max_hops  # noqa: E402
+from hvd_partial.modes import Solo  # noqa: E402
+from hvd_partial.sim import cluster  # noqa: E402
+from hvd_partial.sim.decentral_world import DecentralWorld  # noqa: E402
+
+SIZES = [2, 3, 4, 7, 8, 16, 32, 64, 100, 128, 256, 512, 1000, 1024, 2048, 4096]
+
+
+def compute_for(P: int, seed: int):
+    """20 ms steps with jitter, and one random rank 100 ms slower per step."""
+    rng = random.Random(seed)
+    slow: dict[int, int] = {}
+
+    def compute(j: int, step: int) -> float:
+        if step not in slow:
+            slow[step] = rng.randrange(P)
+        return 0.020 * rng.uniform(0.95, 1.05) + (0.100 if slow[step] == j else 0.0)
+    return compute
+
+
+def coordinator_counts(P: int, posts: int, seed: int) -> dict:
+    """Run today's protocol; count rank 0's control messages and one other rank's."""
+    sim = cluster.ClusterSimulator(P, Solo(), 8, posts, compute_for(P, seed))
+    world = sim.world
+    counts = {"rank0": 0, "other": 0}
+    plain_apply = world.apply
+    plain_broadcast = world._broadcast
+
+    def apply(event):
+        if event[0] == "to_coordinator":
+            counts["rank0"] += event[1] != 0  # a report from another rank reaches rank 0
+            counts["other"] += event[1] == 1  # rank 1 sends it
+        return plain_apply(event)
+
+    def broadcast(messages):
+        counts["rank0"] += len(messages) * (P - 1)  # one copy to every other rank
+        counts["other"] += len(messages)  # rank 1 receives each
+        return plain_broadcast(messages)
+
+    world.apply = apply
+    world._broadcast = broadcast
+    sim.run()
+    rounds = world.ranks[0].stream.started
+    return {"rounds": rounds, "rank0_per_round": counts["rank0"] / rounds, "other_per_round": counts["other"] / rounds}
+
+
+def decentral_counts(P: int, kind: str, posts: int, seed: int) -> dict:
+    quorum = (P + 1) // 2 if kind == "majority" else None
+    world = DecentralWorld(P, kind, 8, [posts] * P, seed=seed, quorum=quorum, compute=compute_for(P, seed),
+                           delay_s=1e-4, keep_results=False).run()
+    if not all(world.done):  # pragma: no cover - a protocol bug
+        raise RuntimeError(f"P={P} {kind}: not every rank finished")
+    per_round_max, per_round_mean, activation_max, notices_max = [], [], 0, 0
+    for per_kind in world.counts.values():
+        total = np.zeros(P, np.int64)
+        for name, (sent, recv) in per_kind.items():
+            total += sent + recv
+            if name == "Activate":
+                activation_max = max(activation_max, int(max(sent.max(), recv.max())))
+            if name == "Ready":
+                notices_max = max(notices_max, int(recv.max()))
+        per_round_max.append(int(total.max()))
+        per_round_mean.append(float(total.mean()))
+    return {"rounds": world.streams[0].completed, "max": max(per_round_max),
+            "mean": float(np.mean(per_round_mean)), "activation_max": activation_max,
+            "ready_max_at_designated": notices_max}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=SIZES)
+    parser.add_argument("--posts", type=int, default=3, help="posts per rank")
+    parser.add_argument("--coordinator-max", type=int, default=1024,
+                        help="largest P to run today's coordinator at (it takes ~150 s at 4096)")
+    parser.add_argument("--quick", action="store_true", help="P up to 256")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    sizes = [P for P in args.sizes if not args.quick or P <= 256]
+    rows = []
+    print(f"{'P':>5} {'log2P':>6} {'ceil':>4} | {'coordinator':>11} {'its ranks':>9} | "
+          f"{'solo max':>8} {'mean':>5} {'act':>3} | {'majority(q=P/2) max':>19} {'mean':>5} {'Ready@D':>7}  seconds")
+    for P in sizes:
+        t0 = time.monotonic()
+        row = {"P": P, "log2P": math.log2(P), "ceil_log2P": max_hops(P)}
+        if P <= args.coordinator_max:
+            row["coordinator"] = coordinator_counts(P, args.posts, args.seed)
+        row["solo"] = decentral_counts(P, "solo", args.posts, args.seed)
+        row["majority"] = decentral_counts(P, "majority", args.posts, args.seed)
+        row["seconds"] = time.monotonic() - t0
+        rows.append(row)
+        c = row.get("coordinator")
+        coord = f"{c['rank0_per_round']:>11.1f} {c['other_per_round']:>9.1f}" if c else f"{'-':>11} {'-':>9}"
+        s, m = row["solo"], row["majority"]
+        print(f"{P:>5} {row['log2P']:>6.2f} {row['ceil_log2P']:>4} | {coord} | {s['max']:>8} {s['mean']:>5.1f} "
+              f"{s['activation_max']:>3} | {m['max']:>19} {m['mean']:>5.1f} {m['ready_max_at_designated']:>7}  "
+              f"{row['seconds']:.0f}", flush=True)
+    if not args.no_write:
+        os.makedirs(RESULTS, exist_ok=True)
+        with open(os.path.join(RESULTS, "control_plane_messages.json"), "w") as fh:
+            json.dump({"posts_per_rank": args.posts, "max_staleness": 8, "rows": rows}, fh, indent=1)
+        with open(os.path.join(RESULTS, "control_plane_messages.md"), "w") as fh:
+            fh.write(markdown(rows, args.posts))
+    return 0
+
+
+def markdown(rows, posts) -> str:
+    lines = [
+        "# Control messages per rank per round", "",
+        f"Produced by `python benchmarks/control_plane_messages.py` ({posts} posts per rank, tau=8, one slow rank "
+        "per step). Counted by running the protocol code: today's coordinator through the cluster simulator, "
+        "the coordinator-free state machine through its event-driven world. Sent plus received; liveness apart "
+        "(today P - 1 heartbeats per rank per period, the ring 1).", "",
+        "| P | log2 P | ceil(log2 P) | today: rank 0 | today: other ranks | new solo: max rank | new solo: mean "
+        "| new majority (quorum P/2): max rank | mean | quorum notices at the designated rank (max) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        c = row.get("coordinator")
+        s, m = row["solo"], row["majority"]
+        today = f"{c['rank0_per_round']:.1f} | {c['other_per_round']:.1f}" if c else "not run | not run"
+        lines.append(f"| {row['P']} | {row['log2P']:.2f} | {row['ceil_log2P']} | {today} | {s['max']} | "
+                     f"{s['mean']:.1f} | {m['max']} | {m['mean']:.1f} | {m['ready_max_at_designated']} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

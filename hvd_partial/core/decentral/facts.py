@@ -1,0 +1,96 @@
+"""The facts every round carries inside its reduction, and the view of the
+next round that every rank derives from them.
+
+Each rank fills its own column of a ``(FIELDS, P)`` int64 array when it joins
+a round; the reduction sums the arrays, so every rank ends the round with the
+same facts and derives the same :class:`RoundView` for the next round with
+vector operations only (no Python loop over ranks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# rows of the facts array
+STALENESS = 0  # 0 if the rank summed no data, else 1 + round minus the round its oldest summed post was computed for
+KNOWN_TAKEN = 1  # rounds it had taken when it joined, plus 1 if a post of it waited for a round then
+FLUSHING = 2  # if it was flushing when it joined: which of its flushes (1, 2, ...), else 0
+INITIATED = 3  # 1 if it started the round itself
+FIELDS = 4
+
+
+def empty_facts(world_size: int) -> np.ndarray:
+    return np.zeros((FIELDS, world_size), dtype=np.int64)
+
+
+@dataclass
+class RoundView:
+    """What every rank knows, identically, about round ``round`` before it starts.
+
+    ``known_taken[j]`` is a lower bound on the rounds rank ``j`` has taken
+    before any later post of it (its taken count when it joined the last
+    round, plus one if a post of it was waiting then: that post takes the
+    round it waits for before ``j`` can post again). ``blockers`` are the
+    training ranks that, by this knowledge, hold the round back under the
+    staleness bound; ``training`` the ranks not flushing. ``after_flush``
+    says the previous round was the flush round (every rank joined it
+    flushing), after which every rank trains again.
+    """
+
+    round: int
+    training: np.ndarray  # sorted ranks not flushing
+    blockers: np.ndarray  # sorted training ranks with known_taken < round - tau + 1
+    known_taken: np.ndarray
+    flushing: np.ndarray  # bool per rank
+    registration: bool = False  # round 0: every rank must post first
+    after_flush: bool = False
+
+    @classmethod
+    def registration_view(cls, world_size: int) -> "RoundView":
+        everyone = np.arange(world_size)
+        return cls(0, everyone, everyone, np.zeros(world_size, np.int64), np.zeros(world_size, bool),
+                   registration=True)
+
+    @classmethod
+    def after(cls, round_number: int, facts: np.ndarray, max_staleness: int, flushes_done: int = 0,
+              last_flush_round: int = -1) -> "RoundView":
+        """The view of round ``round_number + 1`` from round ``round_number``'s reduced facts.
+
+        ``flushes_done`` counts the flush rounds completed up to and including
+        ``round_number`` (the last of them was ``last_flush_round``). A rank
+        can join a round before it completed the flush round before it: its
+        column then still says flushing, in a flush that is over. It is
+        training, and its flush took every round up to that flush round."""
+        r = round_number + 1
+        P = facts.shape[1]
+        if is_flush_round(facts, flushes_done - 1) and last_flush_round == round_number:
+            # the flush round: every rank took everything and trains again
+            everyone = np.arange(P)
+            blockers = everyone if max_staleness == 0 else np.zeros(0, np.int64)  # r < r - tau + 1 iff tau = 0
+            return cls(r, everyone, blockers, np.full(P, r, np.int64), np.zeros(P, bool), after_flush=True)
+        flushing = facts[FLUSHING] > flushes_done
+        known = facts[KNOWN_TAKEN]
+        over = (facts[FLUSHING] > 0) & ~flushing
+        known = np.where(over, np.maximum(known, last_flush_round + 1), known)
+        training = ~flushing
+        blockers = np.flatnonzero(training & (known < r - max_staleness + 1))
+        return cls(r, np.flatnonzero(training), blockers, known, flushing)
+
+
+def is_flush_round(facts: np.ndarray, flushes_before: int) -> bool:
+    """Every rank joined the round flushing, in the flush after the
+    ``flushes_before`` completed ones: the round sums every pending post."""
+    return bool((facts[FLUSHING] == flushes_before + 1).all())
+
+
+def round_facts(facts: np.ndarray, flushes_before: int = 0):
+    """``(contributors, staleness, initiator, flush)`` of a reduced facts array,
+    after ``flushes_before`` completed flush rounds."""
+    contributors = np.flatnonzero(facts[STALENESS]).tolist()
+    staleness = dict(zip(contributors, (facts[STALENESS, contributors] - 1).tolist()))
+    flush = is_flush_round(facts, flushes_before)
+    starters = np.flatnonzero(facts[INITIATED])
+    initiator = None if flush or len(starters) == 0 else int(starters[0])
+    return contributors, staleness, initiator, flush

@@ -1,0 +1,118 @@
+"""Messages between ranks, and what the state machine asks its driver to do.
+
+Plain, picklable dataclasses; the state machine produces and consumes them
+and the driver moves them (or, in tests, an event-driven world does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+# rank -> rank ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Activate:
+    """Round ``round`` has started: join it and pass it on (hypercube flood)."""
+
+    round: int
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """Convergecast report for the held round ``round``: the sender, at
+    ``position`` of the gather named ``kind``, and its whole subtree are ready.
+
+    ``kind`` is ``"stale"`` (every rank of the subtree that held the round
+    back by the staleness bound has posted for it or is flushing),
+    ``"flush"`` (every rank of the subtree is flushing) or ``"register"``
+    (every rank of the subtree has made its first post)."""
+
+    round: int
+    kind: str
+    position: int
+    # registration only: the stream signature of rank ``first`` (the lowest rank of the
+    # subtree), and the first two ranks found to disagree, if any
+    signature: Any = None
+    first: int | None = None
+    mismatch: tuple | None = None
+
+
+@dataclass(frozen=True)
+class Ready:
+    """To the designated initiator of majority round ``round``: the sender
+    holds data for it (``holds``) and/or has begun flushing (``flushing``).
+    Sent only when a quorum is set or the designated initiator is flushing."""
+
+    round: int
+    holds: bool
+    flushing: bool
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """Registration found ranks that disagree on the stream: flooded like an
+    activation; every rank fails its waiter with ``MismatchError(reason)``."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Ring liveness: rank ``rank`` is running. ``failed`` carries the first
+    failure it knows of (a :class:`Failed` or None), so that the news also
+    travels around the ring when several ranks are gone."""
+
+    rank: int
+    failed: "Failed | None" = None
+
+
+@dataclass(frozen=True)
+class Failed:
+    """Rank ``rank`` died, hung or was stopped (seen by ``reporter``):
+    flooded over the hypercube, and around the failed rank."""
+
+    rank: int
+    reason: str
+    reporter: int
+
+
+# state machine -> driver -----------------------------------------------------
+
+@dataclass(frozen=True)
+class Send:
+    dest: int
+    message: Any
+
+
+@dataclass(frozen=True)
+class Join:
+    """Start this rank's part of round ``round``'s reduction: sum
+    ``contributions`` (the payloads of this rank's pending posts, possibly
+    none) over all ranks, and ``facts`` (an int64 array with this rank's
+    column filled, zeros elsewhere) with them; then call ``on_reduced``."""
+
+    round: int
+    contributions: list
+    facts: Any
+
+
+@dataclass(frozen=True)
+class Complete:
+    """A post or flush is done: ``results`` are the rounds it takes, in order;
+    ``error`` is set instead when the world failed."""
+
+    kind: str  # "post" or "flush"
+    seq: int
+    results: list
+    error: Exception | None = None
+
+
+@dataclass(frozen=True)
+class PeerFailed:
+    """This rank learned that rank ``rank`` failed: fail every waiter with a
+    :class:`~hvd_partial.errors.RankFailedError` naming it."""
+
+    rank: int
+    reason: str

@@ -1,0 +1,380 @@
+"""One rank's side of one solo or majority stream, without a coordinator.
+
+A pure state machine: it consumes events (a post, a flush, a message from
+another rank, the completion of a round's reduction with its reduced facts)
+and returns actions (:class:`~.messages.Send`, :class:`~.messages.Join`,
+:class:`~.messages.Complete`). No MPI, no threads, no clocks.
+
+The rules, for the round ``c`` that this rank would start next (it has
+completed round ``c - 1``, so it holds the same :class:`~.facts.RoundView`
+of round ``c`` as every other rank, and has not yet heard that ``c`` started):
+
+- Registration (round 0): every rank must post once; the ranks gather
+  (binomial convergecast) to rank 0, which starts round 0. The reports carry
+  the stream's signature: rank 0 floods :class:`~.messages.Rejected` instead
+  when two ranks disagree, and every rank fails with ``MismatchError``.
+- Staleness bound: the view names the *blockers*, the training ranks that
+  by the facts may have taken fewer than ``c - tau + 1`` rounds. A blocker is
+  ready once it has posted for round ``c`` or is flushing; the blockers gather
+  to one root (solo: the lowest blocker; majority: the designated
+  initiator). This is the catch-up notice: nobody but the root needs to
+  learn that a laggard caught up, and the root learns it whether the
+  laggard caught up at a post or when a round completed (readiness is
+  checked after every event).
+- Solo: with no blockers, a rank whose post waits for round ``c`` starts it;
+  with blockers, the root starts it once all of them are ready.
+- Majority: the designated initiator ``D`` (a pure function of seed, stream
+  and round) starts round ``c`` when the staleness gather is complete, it
+  holds data (or is flushing: see below), and the quorum holds:
+  ``min(k, ranks still training)`` ranks hold data. With a quorum, ranks tell
+  ``D`` with :class:`~.messages.Ready` that they hold data or began flushing.
+  A flushing ``D`` stands in for a post: with a quorum it counts the
+  holders it was told of; without one, when the view shows ``D`` flushing
+  and names no blockers, the first rank that holds data starts the round
+  itself; with blockers, ``D`` starts it once they caught up; and a ``D``
+  that began flushing after the view (nobody knew) starts it at once.
+- Flush: the training ranks of the view gather, each once it is flushing, to
+  the lowest of them, which then starts round ``c``. A round that every rank
+  joined flushing, in the same flush (the facts carry which), is the flush
+  round: its reduced facts say so on every rank alike, so all agree on it
+  whoever started it, and it sums every pending post.
+- Starting a round, or hearing of it first, floods :class:`~.messages.Activate`
+  over the hypercube (:mod:`hvd_partial.core.activation`); every rank joins
+  each round once, with everything it has posted and not yet contributed.
+
+Example::
+
+    s = DecentralStream(rank=0, world_size=1, kind="solo", max_staleness=2)
+    s.post("g0")   # -> [Join(round=0, contributions=["g0"], facts=...)]
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...errors import EngineError, MismatchError, StreamConflictError
+from ...modes import designated_initiator
+from ..activation import Activation
+from ..round_result import RoundResult
+from .facts import FLUSHING, INITIATED, KNOWN_TAKEN, STALENESS, RoundView, empty_facts, round_facts
+from .gather import Gather, position_in_sorted
+from .messages import Activate, Complete, Gathered, Join, Ready, Rejected, Send
+
+
+@dataclass
+class _Pending:
+    seq: int
+    computed_for: int
+    payload: object
+
+
+@dataclass
+class _Held:
+    """This rank's state of the next round while it is not yet started."""
+
+    view: RoundView
+    stale: Gather | None = None  # registration or staleness gather
+    flush: Gather | None = None
+    designated: int | None = None
+    holders: set = field(default_factory=set)  # at the designated initiator: ranks that hold data
+    flushed: set = field(default_factory=set)  # at the designated initiator: ranks that began flushing
+    told_holds: bool = False
+    told_flushing: bool = False
+    # registration: the signature of the lowest rank heard of, that rank, and a disagreement found
+    signature: object = None
+    first: int | None = None
+    mismatch: tuple | None = None
+
+
+class DecentralStream:
+    """State of one stream on one rank; see the module docstring for the rules.
+
+    ``kind`` is ``"solo"`` or ``"majority"``; ``seed`` and ``quorum`` are
+    majority's. ``counters`` counts messages sent and received by kind.
+    """
+
+    def __init__(self, rank: int, world_size: int, kind: str, max_staleness: int, name: str = "stream",
+                 seed: int = 0, quorum: int | None = None, signature=None):
+        if kind not in ("solo", "majority"):
+            raise ValueError(f"decentralized rounds are for solo and majority streams, not {kind!r}")
+        self.rank = rank
+        self.world_size = world_size
+        self.kind = kind
+        self.tau = max_staleness
+        self.name = name
+        self.seed = seed
+        self.quorum = quorum
+        self.signature = signature  # compared across ranks at registration (equality)
+        self.activation = Activation(rank, world_size)
+        self.pending: list[_Pending] = []
+        self.seq = 0
+        self.taken = 0
+        self.completed = 0
+        self.results: deque[RoundResult] = deque()
+        self.waiter: tuple[str, int] | None = None  # ("post" | "flush", seq)
+        self.flushing = False
+        self.flushes = 0  # flush calls made
+        self.flushes_done = 0  # flush rounds completed
+        self.last_flush_round = -1
+        self.failure: Exception | None = None
+        self.view = RoundView.registration_view(world_size)
+        self.held: _Held | None = None
+        self.early: dict[int, list] = {}  # round -> messages for it that came before its view
+        self._last_joined = -1
+        self._flush_results: list = []
+        self._hold(self.view)
+
+    # -- compute-thread requests ------------------------------------------------------
+
+    def post(self, payload) -> list:
+        """Post a contribution; its ``Complete`` comes now or when a round completes."""
+        self._check_idle("post")
+        self.seq += 1
+        self.pending.append(_Pending(self.seq, self.taken, payload))
+        out: list = []
+        if self.completed > self.taken:
+            out.append(Complete("post", self.seq, self._take()))
+        else:
+            self.waiter = ("post", self.seq)
+        return out + self._progress()
+
+    def flush(self) -> list:
+        """Stop training until the flush round, which sums every pending post."""
+        self._check_idle("flush")
+        if self.seq == 0:
+            raise StreamConflictError(f"stream {self.name!r}: rank {self.rank} flushed before its first post")
+        self.flushing = True
+        self.flushes += 1
+        self.waiter = ("flush", self.seq)
+        self._flush_results = self._take()
+        return self._progress()
+
+    def _check_idle(self, what: str):
+        if self.failure is not None:
+            raise self.failure
+        if self.waiter is not None:
+            raise StreamConflictError(f"stream {self.name!r} already has a {self.waiter[0]} in progress on "
+                                      f"rank {self.rank}; cannot {what}")
+
+    # -- engine events ------------------------------------------------------------------
+
+    def on_message(self, source: int, msg) -> list:
+        if self.failure is not None:
+            return []
+        if isinstance(msg, Rejected):
+            return [Send(n, msg) for n in self.activation.neighbours if n != source] + self.fail(
+                MismatchError(msg.reason))
+        if isinstance(msg, Activate):
+            first = not self.activation.heard(msg.round)
+            sends = self.activation.receive(msg.round, source)
+            if not first:
+                return []  # a duplicate: concurrent initiators, or a neighbour's copy
+            return [Send(n, msg) for n in sends] + [self._join(msg.round, initiated=False)] + self._progress()
+        if msg.round <= self.activation.latest:
+            return []  # that round started already
+        held = self.held
+        if held is None or held.view.round != msg.round:
+            self.early.setdefault(msg.round, []).append((source, msg))
+            return []
+        self._apply(held, source, msg)
+        return self._progress()
+
+    def on_reduced(self, round_number: int, value, facts: np.ndarray) -> list:
+        """Round ``round_number`` completed on this rank with the summed
+        ``value`` and the reduced ``facts``."""
+        if self.failure is not None:
+            return []
+        if round_number != self.completed:
+            raise EngineError(f"rank {self.rank}: round {round_number} completed, expected {self.completed}")
+        contributors, staleness, initiator, flush = round_facts(facts, self.flushes_done)
+        if flush:
+            self.flushes_done += 1
+            self.last_flush_round = round_number
+        if self.kind == "majority" and round_number > 0 and not flush:
+            # the designated rank, whether it posted or stood in while flushing
+            initiator = designated_initiator(self.seed, self.name, round_number, self.world_size)
+        self.results.append(RoundResult(round_number, initiator, contributors, staleness, array=value,
+                                        flush=flush))
+        self.completed += 1
+        out: list = []
+        if self.waiter is not None:
+            kind, seq = self.waiter
+            if kind == "post":
+                self.waiter = None
+                out.append(Complete("post", seq, self._take()))
+            elif flush:
+                self.waiter = None
+                self.flushing = False
+                out.append(Complete("flush", seq, self._flush_results + self._take()))
+        self.view = RoundView.after(round_number, facts, self.tau, self.flushes_done, self.last_flush_round)
+        if self.view.round > self.activation.latest:
+            self._hold(self.view)
+        return out + self._progress()
+
+    def fail(self, error: Exception) -> list:
+        """The world failed (a rank died): wake the waiter with ``error``."""
+        if self.failure is not None:
+            return []
+        self.failure = error
+        if self.waiter is None:
+            return []
+        kind, seq = self.waiter
+        self.waiter = None
+        return [Complete(kind, seq, [], error)]
+
+    # -- the rules ----------------------------------------------------------------------
+
+    def _hold(self, view: RoundView):
+        """Set up this rank's part in starting round ``view.round``."""
+        held = _Held(view)
+        me = self.rank
+        if view.registration:
+            held.stale = Gather.member("register", view.blockers, me, me)
+            held.signature, held.first = self.signature, me
+        else:
+            if self.kind == "majority":
+                d = designated_initiator(self.seed, self.name, view.round, self.world_size)
+                held.designated = d
+                others = view.blockers[view.blockers != d]
+                order = np.concatenate([np.array([d], dtype=np.int64), others])
+                if me == d:
+                    position = 0
+                else:
+                    p = position_in_sorted(others, me)
+                    position = None if p is None else p + 1
+                held.stale = Gather.member("stale", order, me, position)
+                if held.stale is not None and position == 0:
+                    held.stale.ready = True  # the designated initiator's own conditions are checked apart
+            elif len(view.blockers):
+                held.stale = Gather.member("stale", view.blockers, me, position_in_sorted(view.blockers, me))
+            held.flush = Gather.member("flush", view.training, me, position_in_sorted(view.training, me))
+        self.held = held
+        for source, msg in self.early.pop(view.round, []):
+            self._apply(held, source, msg)
+        for r in [r for r in self.early if r <= view.round]:
+            del self.early[r]
+
+    def _apply(self, held: _Held, source: int, msg) -> None:
+        if isinstance(msg, Gathered):
+            gather = held.stale if msg.kind in ("stale", "register") else held.flush
+            if gather is None:  # pragma: no cover - a protocol bug
+                raise EngineError(f"rank {self.rank}: {msg} for a gather it is not in")
+            gather.child_reported(msg.position)
+            if msg.kind == "register" and held.mismatch is None:
+                if msg.mismatch is not None:
+                    held.mismatch = msg.mismatch
+                elif msg.signature != held.signature:
+                    held.mismatch = (held.first, held.signature, msg.first, msg.signature)
+        elif isinstance(msg, Ready):
+            if msg.holds:
+                held.holders.add(source)
+            if msg.flushing:
+                held.flushed.add(source)
+        else:  # pragma: no cover - a protocol bug
+            raise EngineError(f"rank {self.rank}: unexpected message {msg!r}")
+
+    def _progress(self) -> list:
+        held = self.held
+        if self.failure is not None or held is None or self.activation.heard(held.view.round):
+            return []
+        view = held.view
+        c = view.round
+        holds = bool(self.pending)
+        out: list = []
+        if held.stale is not None and not held.stale.ready:
+            held.stale.ready = holds if view.registration else (holds or self.flushing)
+        if held.flush is not None and not held.flush.ready:
+            held.flush.ready = self.flushing
+        for gather in (held.stale, held.flush):
+            if gather is not None and not gather.reported and gather.complete():
+                gather.reported = True
+                if gather.is_root:
+                    if gather.kind == "register" and held.mismatch is not None:
+                        return out + self._reject(held.mismatch)
+                elif gather.kind == "register":
+                    out.append(Send(gather.parent, Gathered(c, gather.kind, gather.position, held.signature,
+                                                            held.first, held.mismatch)))
+                else:
+                    out.append(Send(gather.parent, Gathered(c, gather.kind, gather.position)))
+        d = held.designated
+        if d is not None and d != self.rank:
+            newly_flushing = self.flushing and not view.flushing[self.rank]
+            tell_holds = holds and not held.told_holds and self.quorum is not None
+            tell_flushing = newly_flushing and not held.told_flushing and self.quorum is not None
+            if tell_holds or tell_flushing:
+                held.told_holds |= tell_holds
+                held.told_flushing |= tell_flushing
+                out.append(Send(d, Ready(c, holds=holds, flushing=self.flushing)))
+        if self._may_start(held, holds):
+            out += self._start(c, initiated=not view.registration)
+        return out
+
+    def _reject(self, mismatch: tuple) -> list:
+        """Registration found two ranks that disagree: tell everyone, and fail."""
+        a, sig_a, b, sig_b = mismatch
+        diffs = sig_a.differences(sig_b) if hasattr(sig_a, "differences") else [f"{sig_a!r} vs {sig_b!r}"]
+        reason = (f"ranks disagree on stream {self.name!r}: rank {b} differs from rank {a} in "
+                  + "; ".join(diffs))
+        msg = Rejected(reason)
+        return [Send(n, msg) for n in self.activation.neighbours] + self.fail(MismatchError(reason))
+
+    def _may_start(self, held: _Held, holds: bool) -> bool:
+        view = held.view
+        stale_done = held.stale is not None and held.stale.is_root and held.stale.reported
+        if view.registration:
+            return stale_done
+        if held.flush is not None and held.flush.is_root and held.flush.reported:
+            return True  # every rank is flushing: this is the flush round
+        if self.kind == "solo":
+            if held.stale is None and not len(view.blockers):
+                return self.waiter is not None and self.waiter[0] == "post"
+            return stale_done
+        d = held.designated
+        if d != self.rank:
+            # Everyone knows the designated initiator is flushing, and no quorum is set: it stands
+            # in for a post, so the first rank to hold data starts the round.
+            return self.quorum is None and bool(view.flushing[d]) and not len(view.blockers) and holds
+        if not stale_done:
+            return False
+        newly_flushing = self.flushing and not view.flushing[self.rank]
+        if self.quorum is None:
+            if holds or newly_flushing:  # newly flushing: nobody else knew to start it
+                return True
+            # Known to be flushing: with blockers, they all caught up, by a post (so data exists) or by
+            # flushing (each flush allows one such round); without, the holders start it.
+            return self.flushing and len(view.blockers) > 0
+        holders = len(held.holders) + (1 if holds else 0)
+        training_now = len(view.training) - len(held.flushed) - (1 if newly_flushing else 0)
+        return (holds or self.flushing) and holders >= max(1, min(self.quorum, training_now))
+
+    def _start(self, c: int, initiated: bool) -> list:
+        sends = self.activation.start(c)
+        return [Send(n, Activate(c)) for n in sends] + [self._join(c, initiated)]
+
+    def _join(self, r: int, initiated: bool) -> Join:
+        if r != self._last_joined + 1:  # pragma: no cover - a protocol bug
+            raise EngineError(f"rank {self.rank}: joins round {r} after {self._last_joined}")
+        self._last_joined = r
+        facts = empty_facts(self.world_size)
+        me = self.rank
+        items, self.pending = self.pending, []
+        if items:
+            facts[STALENESS, me] = 1 + r - items[0].computed_for
+        waiting = self.waiter is not None and self.waiter[0] == "post"
+        facts[KNOWN_TAKEN, me] = self.taken + (1 if waiting else 0)
+        facts[FLUSHING, me] = self.flushes if self.flushing else 0
+        facts[INITIATED, me] = 1 if initiated else 0
+        if self.held is not None and self.held.view.round <= r:
+            self.held = None
+        for early in [k for k in self.early if k <= r]:  # notices for a round that has started
+            del self.early[early]
+        return Join(r, [item.payload for item in items], facts)
+
+    def _take(self) -> list:
+        out = list(self.results)
+        self.results.clear()
+        self.taken = self.completed
+        return out

@@ -1,0 +1,152 @@
+"""DecentralStream, step by step: what a driver sees (actions) for scripted
+events, including the P=3, tau=1 case where two laggards catch up while each
+still sees the other as lagging."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import pytest
+
+from hvd_partial.core.activation import max_hops
+from hvd_partial.core.decentral import Activate, Complete, DecentralStream, Gathered, Join, Send
+from hvd_partial.core.messages import StreamSignature
+from hvd_partial.errors import MismatchError, StreamConflictError
+from hvd_partial.sim.decentral_world import DecentralWorld
+
+
+class Script:
+    """A driver that delivers every message and completes every round at once, in order."""
+
+    def __init__(self, P, kind="solo", tau=1, **kw):
+        self.streams = [DecentralStream(j, P, kind, tau, **kw) for j in range(P)]
+        self.queue: deque = deque()
+        self.joins: dict = {}
+        self.done: dict = {}  # rank -> list of Complete
+        self.sent: list = []  # (source, dest, message)
+
+    def act(self, j, actions):
+        for a in actions:
+            if isinstance(a, Send):
+                self.sent.append((j, a.dest, a.message))
+                self.queue.append((j, a.dest, a.message))
+            elif isinstance(a, Join):
+                part = self.joins.setdefault(a.round, {})
+                part[j] = a
+                if len(part) == len(self.streams):
+                    value = sorted(p for x in part.values() for p in x.contributions)
+                    facts = np.sum([x.facts for x in part.values()], axis=0)
+                    for k, s in enumerate(self.streams):
+                        self.queue.append((None, k, ("reduced", a.round, value, facts)))
+            elif isinstance(a, Complete):
+                self.done.setdefault(j, []).append(a)
+        return actions
+
+    def settle(self):
+        while self.queue:
+            src, dest, msg = self.queue.popleft()
+            if src is None:
+                _, r, value, facts = msg
+                self.act(dest, self.streams[dest].on_reduced(r, value, facts))
+            else:
+                self.act(dest, self.streams[dest].on_message(src, msg))
+
+    def post(self, j, payload):
+        return self.act(j, self.streams[j].post(payload))
+
+    def flush(self, j):
+        return self.act(j, self.streams[j].flush())
+
+
+def test_one_rank_posts_reduces_and_takes():
+    s = DecentralStream(0, 1, "solo", max_staleness=2)
+    (join,) = s.post("g0")
+    assert isinstance(join, Join) and join.round == 0 and join.contributions == ["g0"]
+    (done,) = s.on_reduced(0, ["g0"], join.facts)
+    assert done.kind == "post" and done.seq == 1
+    (result,) = done.results
+    assert (result.round, result.contributors, result.staleness, result.initiator) == (0, [0], {0: 0}, None)
+    (flush_join,) = s.flush()  # the only rank is flushing: it starts the flush round
+    assert flush_join.round == 1 and flush_join.contributions == []
+    with pytest.raises(StreamConflictError):
+        s.post("g1")  # the flush is still in progress
+    (done,) = s.on_reduced(1, [], flush_join.facts)
+    assert done.kind == "flush" and done.results[-1].flush and done.results[-1].contributors == []
+
+
+def test_two_laggards_at_p3_tau1_are_gathered_to_one_root():
+    w = Script(3, "solo", tau=1)
+    for j in range(3):
+        w.post(j, f"reg{j}")
+    w.settle()  # registration: round 0 with everyone
+    assert [s.completed for s in w.streams] == [1, 1, 1]
+    w.post(0, "a1")
+    w.settle()  # rank 0 alone starts and fills round 1 (no blockers yet)
+    assert w.streams[0].completed == 2 and w.done[0][-1].results[0].contributors == [0]
+    # Round 2's view, identical on every rank: ranks 1 and 2 took 1 round and posted nothing since.
+    for s in w.streams:
+        assert s.held.view.round == 2 and s.held.view.blockers.tolist() == [1, 2]
+    w.post(0, "a2")
+    w.settle()
+    assert w.streams[0].waiter == ("post", 3)  # held by the laggards
+    w.post(1, "b1")  # laggard 1 catches up (takes round 1 at once): it still sees rank 2 lagging
+    w.settle()
+    assert w.streams[1].completed == 2 and not any(isinstance(m, Activate) and m.round == 2 for _, _, m in w.sent)
+    w.post(2, "c1")  # laggard 2 catches up: its report lets the root (rank 1) start round 2
+    w.settle()
+    assert (2, 1, Gathered(2, "stale", 1)) in w.sent
+    result = w.done[0][-1].results[-1]
+    assert (result.round, result.initiator, result.contributors, result.staleness) == \
+           (2, 1, [0, 1, 2], {0: 0, 1: 1, 2: 1})
+    assert sorted(result.array) == ["a2", "b1", "c1"]
+    for j in range(3):
+        w.flush(j)
+    w.settle()
+    for j in range(3):
+        final = w.done[j][-1]
+        assert final.kind == "flush" and final.results[-1].flush and final.results[-1].round == 3
+
+
+def test_majority_round_waits_for_its_designated_initiator_and_quorum():
+    P = 4
+    w = Script(P, "majority", tau=3, seed=5, quorum=3)
+    for j in range(P):
+        w.post(j, f"reg{j}")
+    w.settle()
+    d = w.streams[0].held.designated
+    assert all(s.held.designated == d for s in w.streams)
+    w.post(d, "d1")
+    w.settle()
+    assert all(s.completed == 1 for s in w.streams)  # one holder: below the quorum of 3
+    others = [j for j in range(P) if j != d]
+    w.post(others[0], "x1")
+    w.settle()
+    assert all(s.completed == 1 for s in w.streams)  # two holders
+    w.post(others[1], "y1")
+    w.settle()
+    result = w.done[d][-1].results[-1]
+    assert result.round == 1 and result.initiator == d and len(result.contributors) == 3
+    ready = [m for src, dest, m in w.sent if type(m).__name__ == "Ready"]
+    assert len(ready) == 2 and all(dest == d for src, dest, m in w.sent if type(m).__name__ == "Ready")
+
+
+def signature(shape=(4,), dtype="float32", tau=2):
+    return StreamSignature(((shape, dtype),), False, ("solo",), "average", tau)
+
+
+@pytest.mark.parametrize("P,odd", [(1, None), (2, 1), (5, 3), (7, 0), (13, 12), (40, 17)])
+def test_registration_compares_signatures_and_rejects_on_every_rank(P, odd):
+    sigs = [signature() for _ in range(P)]
+    if odd is not None:
+        sigs[odd] = signature(shape=(5,))
+    world = DecentralWorld(P, "solo", 2, [2] * P, seed=P, signatures=sigs).run()
+    if odd is None:
+        assert all(world.done) and world.taken[0][0].round == 0
+        return
+    for j in range(P):
+        err = world.errors[j]
+        assert isinstance(err, MismatchError), f"rank {j}: {err!r}"
+        assert f"rank {odd} " in str(err) and "layout" in str(err)  # one of the two ranks it names
+        assert not world.taken[j], "no round may run on a rejected stream"
+    assert 0 < world.max_per_round("Rejected") <= max_hops(P)  # flooded like an activation
