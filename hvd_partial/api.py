@@ -68,6 +68,9 @@ def init(comm=None, **config) -> None:
             return
         cfg = load_config(config)
         logging.getLogger("hvd_partial").setLevel(cfg.log_level.upper())
+        from .launch.logs import ensure_handler
+
+        ensure_handler(cfg.log_level)  # INFO reports show even where the script configured no logging
         from .transport.mpi import MpiTransport  # MPI is imported only when needed
 
         from .launch.horovod import shared_comm
@@ -221,6 +224,19 @@ def synchronize(handle: Handle):
     return engine.wait(handle)
 
 
+def flush_async(name: str) -> Handle:
+    """Start the collective flush of stream ``name`` and return a handle at
+    once; ``synchronize`` gives its rounds. Flushes of several streams started
+    together run together (ranks may start them in different orders).
+
+    Example::
+
+        handles = [hvd.flush_async(n) for n in ("a", "b")]
+        results = [hvd.synchronize(h) for h in handles]
+    """
+    return _require().submit_flush(name)
+
+
 def flush(name: str) -> list[RoundResult]:
     """Collective: take every round of stream ``name`` not yet taken, plus one
     synchronous round that empties every rank's pending contributions.
@@ -259,6 +275,8 @@ def stream_options(mode: Mode | None, op: ReduceOp, max_staleness: int | None) -
         raise TypeError(f"mode must be hvd_partial.Sync(), Solo() or Majority(...), got {mode!r}")
     if not isinstance(op, ReduceOp):
         raise TypeError(f"op must be hvd_partial.Average or hvd_partial.Sum, got {op!r}")
+    if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise ConfigError(f"a partial allreduce sums its rounds: op must be Average or Sum, got {op!r}")
     if max_staleness is not None and (not isinstance(max_staleness, int) or max_staleness < 0):
         raise ConfigError(f"max_staleness must be an int >= 0 or None, got {max_staleness!r}")
     return mode
@@ -316,6 +334,8 @@ def allreduce(array, name: str | None = None, op: ReduceOp = Average) -> np.ndar
         mean_loss = hvd.allreduce(np.array([loss]), name="loss")[0]
     """
     array = check_array(array)
+    if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
+        raise ConfigError(f"allreduce supports op=Average or Sum here, got {op!r}")
     if op is ReduceOp.AVERAGE and array.dtype.kind != "f":
         raise UnsupportedInputError(f"allreduce(op=Average) needs a floating-point array, got {array.dtype.name}")
     label = f"allreduce({name or ''})"

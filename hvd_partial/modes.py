@@ -22,6 +22,11 @@ class ReduceOp(Enum):
 
     AVERAGE = "average"  # sum divided by the world size
     SUM = "sum"
+    # Horovod's other reductions: helper collectives only (a partial round is a sum).
+    MIN = "min"
+    MAX = "max"
+    PRODUCT = "product"
+    ADASUM = "adasum"
 
     def __repr__(self) -> str:
         return f"hvd_partial.{self.name.title()}"
@@ -29,6 +34,10 @@ class ReduceOp(Enum):
 
 Average = ReduceOp.AVERAGE
 Sum = ReduceOp.SUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+Adasum = ReduceOp.ADASUM
 
 
 @dataclass(frozen=True)
