@@ -11,12 +11,16 @@ Example::
 from .api import (allgather_object, allreduce, barrier, broadcast, broadcast_object, config, default_mode, flush, flush_async,
                   grouped_partial_allreduce_async, init, is_initialized, local_rank, local_size, partial_allreduce,
                   partial_allreduce_async, poll, rank, shutdown, size, stats, stream_options, synchronize)
+from .collectives import (ProcessSet, add_process_set, allgather, allgather_async, allgather_object_async,
+                          allreduce_async, alltoall, alltoall_async, barrier_async, broadcast_async,
+                          broadcast_object_async, global_process_set, grouped_allreduce, grouped_allreduce_async,
+                          join, reducescatter, reducescatter_async, remove_process_set)
 from .config import Config
 from .core.round_result import RoundResult
 from .engine.handle import Handle
-from .errors import (ConfigError, EngineError, HvdPartialError, MismatchError, NotInitializedError, RankFailedError,
+from .errors import (ConfigError, DuplicateNameError, EngineError, NotSupportedError, HvdPartialError, MismatchError, NotInitializedError, RankFailedError,
                      StreamConflictError, TooManyStreamsError, UnsupportedInputError)
-from .modes import Average, Majority, ReduceOp, Solo, Sum, Sync, mode_from_name
+from .modes import Adasum, Average, Majority, Max, Min, Product, ReduceOp, Solo, Sum, Sync, mode_from_name
 from .observe.stall import StalledRankError
 
 __version__ = "0.1.0"
@@ -26,6 +30,10 @@ __all__ = [
     "partial_allreduce_async", "grouped_partial_allreduce_async", "partial_allreduce", "poll", "synchronize",
     "flush", "flush_async", "default_mode", "stream_options", "allreduce", "broadcast", "broadcast_object", "allgather_object",
     "barrier", "stats",
+    "allreduce_async", "grouped_allreduce", "grouped_allreduce_async", "allgather", "allgather_async",
+    "broadcast_async", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "broadcast_object_async",
+    "allgather_object_async", "barrier_async", "join", "ProcessSet", "global_process_set", "add_process_set",
+    "remove_process_set", "Min", "Max", "Product", "Adasum", "DuplicateNameError", "NotSupportedError",
     "Sync", "Solo", "Majority", "Average", "Sum", "ReduceOp", "mode_from_name", "RoundResult", "Handle", "Config",
     "HvdPartialError", "NotInitializedError", "ConfigError", "UnsupportedInputError", "StreamConflictError",
     "MismatchError", "RankFailedError", "StalledRankError", "TooManyStreamsError", "EngineError", "__version__",

@@ -22,7 +22,6 @@ import sys
 import threading
 import time
 
-import numpy as np
 
 from .config import Config, load_config
 from .core.buffer_pool import BufferPool
@@ -31,7 +30,7 @@ from .core.messages import StreamSignature
 from .core.round_result import RoundResult
 from .engine.engine import Engine
 from .engine.handle import Handle
-from .errors import ConfigError, MismatchError, NotInitializedError, StreamConflictError, UnsupportedInputError
+from .errors import ConfigError, NotInitializedError, StreamConflictError, UnsupportedInputError
 from .modes import Mode, ReduceOp, Average
 
 log = logging.getLogger("hvd_partial")
@@ -276,7 +275,8 @@ def stream_options(mode: Mode | None, op: ReduceOp, max_staleness: int | None) -
     if not isinstance(op, ReduceOp):
         raise TypeError(f"op must be hvd_partial.Average or hvd_partial.Sum, got {op!r}")
     if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
-        raise ConfigError(f"a partial allreduce sums its rounds: op must be Average or Sum, got {op!r}")
+        raise UnsupportedInputError(f"partial allreduce streams take op=Average or op=Sum, got {op!r} (Min, Max "
+                                    "and Product are for the helper collectives: hvd_partial.allreduce)")
     if max_staleness is not None and (not isinstance(max_staleness, int) or max_staleness < 0):
         raise ConfigError(f"max_staleness must be an int >= 0 or None, got {max_staleness!r}")
     return mode
@@ -310,86 +310,9 @@ def _post(engine: Engine, arrays, name, mode, op, max_staleness, grouped: bool) 
     return engine.submit_post(name, buffers, owned, layout, grouped, sync, op, signature)
 
 
-# ===== Horovod-style helpers ============================================================
+# ===== Horovod-style helpers: negotiated collectives (see hvd_partial.collectives) ============
 
-def _helper(name: str, factory):
-    engine = _require()
-    return engine.wait(engine.submit_helper(name, factory))
-
-
-def _agree(transport, what: str, signature):
-    """Generator step: check that every rank passed the same ``signature``."""
-    everyone = yield from transport.op_allgather_object(signature)
-    odd = [(j, s) for j, s in enumerate(everyone) if s != everyone[0]]
-    if odd:
-        detail = ", ".join(f"rank {j}: {s}" for j, s in odd)
-        raise MismatchError(f"{what}: ranks disagree (rank 0: {everyone[0]}; {detail})")
-
-
-def allreduce(array, name: str | None = None, op: ReduceOp = Average) -> np.ndarray:
-    """Synchronous allreduce of ``array`` across all ranks; returns a new array.
-
-    Example::
-
-        mean_loss = hvd.allreduce(np.array([loss]), name="loss")[0]
-    """
-    array = check_array(array)
-    if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
-        raise ConfigError(f"allreduce supports op=Average or Sum here, got {op!r}")
-    if op is ReduceOp.AVERAGE and array.dtype.kind != "f":
-        raise UnsupportedInputError(f"allreduce(op=Average) needs a floating-point array, got {array.dtype.name}")
-    label = f"allreduce({name or ''})"
-
-    def run():
-        yield from _agree(_transport, label, (array.shape, array.dtype.str, op.value))
-        out = yield from _transport.op_allreduce(array)
-        if op is ReduceOp.AVERAGE:
-            np.divide(out, _transport.size, out=out)
-        return out
-
-    return _helper(label, run)
-
-
-def broadcast(array, root_rank: int, name: str | None = None) -> np.ndarray:
-    """Return ``root_rank``'s ``array`` on every rank (a new array).
-
-    Example::
-
-        weights = hvd.broadcast(weights, root_rank=0)
-    """
-    array = check_array(array)
-    label = f"broadcast({name or ''})"
-
-    def run():
-        yield from _agree(_transport, label, (array.shape, array.dtype.str, root_rank))
-        return (yield from _transport.op_broadcast(array, root_rank))
-
-    return _helper(label, run)
-
-
-def broadcast_object(obj, root_rank: int = 0):
-    """Return ``root_rank``'s picklable ``obj`` on every rank.
-
-    Example::
-
-        config = hvd.broadcast_object(config if hvd.rank() == 0 else None)
-    """
-    return _helper("broadcast_object", lambda: _transport.op_broadcast_object(obj, root_rank))
-
-
-def allgather_object(obj) -> list:
-    """Return the list of every rank's picklable ``obj``, in rank order.
-
-    Example::
-
-        hosts = hvd.allgather_object(socket.gethostname())
-    """
-    return _helper("allgather_object", lambda: _transport.op_allgather_object(obj))
-
-
-def barrier() -> None:
-    """Wait until every rank has called ``barrier``."""
-    _helper("barrier", _transport.op_barrier)
+from .collectives.functions import allgather_object, allreduce, barrier, broadcast, broadcast_object  # noqa: E402,F401
 
 
 def stats() -> dict:

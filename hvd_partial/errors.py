@@ -66,3 +66,14 @@ class TooManyStreamsError(HvdPartialError):
 
 class EngineError(HvdPartialError):
     """The background engine hit an internal error; the message says which."""
+
+
+class DuplicateNameError(StreamConflictError, ValueError):
+    """A helper collective was submitted under a name that already has a
+    request in flight on this rank (Horovod refuses that too). Raised on that
+    rank only, at the call."""
+
+
+class NotSupportedError(HvdPartialError, NotImplementedError):
+    """A Horovod feature hvd_partial does not provide (elastic training, process
+    sets other than the global one); the message says what to use instead."""

@@ -22,11 +22,11 @@ class ReduceOp(Enum):
 
     AVERAGE = "average"  # sum divided by the world size
     SUM = "sum"
-    # Horovod's other reductions: helper collectives only (a partial round is a sum).
+    # Helper collectives only (partial allreduce streams take Average and Sum):
     MIN = "min"
     MAX = "max"
     PRODUCT = "product"
-    ADASUM = "adasum"
+    ADASUM = "adasum"  # refused with a clear error (not implemented)
 
     def __repr__(self) -> str:
         return f"hvd_partial.{self.name.title()}"

@@ -17,8 +17,9 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
+from ..collectives.negotiator import Negotiator
 from ..config import Config
 from ..core.buffer_pool import BufferPool
 from ..core.coordinator import Coordinator
@@ -79,7 +80,7 @@ class FlushCommand:
 
 @dataclass
 class HelperCommand:
-    start: Callable[[], Any]  # returns a generator that yields MPI requests
+    request: Any  # a hvd_partial.collectives request, for the negotiator
     handle: Handle
 
 
@@ -146,8 +147,8 @@ class Engine:
         self._pools: dict[int, BufferPool] = {}
         self._local_inbox: deque = deque()  # rank 0: the coordinator's messages to itself
         self._coordinator_inbox: deque = deque()  # rank 0: its own messages to the coordinator
-        self._helpers: deque = deque()
-        self._helper: tuple | None = None  # (generator, handle, request)
+        # Negotiated helper collectives: submit(request), progress() each step, busy.
+        self._helpers = Negotiator(transport, config, fail=lambda err: self._fail(err, notify=False, local=True))
         self._pending_handles: set[Handle] = set()
         self._reduce_poll = config.reduce_poll_us / 1e6
         self._nap_max = config.idle_poll_ms / 1000.0
@@ -210,9 +211,8 @@ class Engine:
         handle = Handle(name)
         return self._submit(FlushCommand(name, handle), handle)
 
-    def submit_helper(self, name: str, start: Callable[[], Any]) -> Handle:
-        handle = Handle(name)
-        return self._submit(HelperCommand(start, handle), handle)
+    def submit_helper(self, request) -> Handle:
+        return self._submit(HelperCommand(request, request.handle), request.handle)
 
     def wait(self, handle: Handle):
         """Block until ``handle`` is done; raise the engine's failure if any."""
@@ -294,7 +294,7 @@ class Engine:
                     # A reduction progresses only inside MPI calls: stay in them
                     # and look at the rest now and then.
                     self._poll_reductions(time.perf_counter() + _FOCUS_SECONDS)
-                elif self._helper is not None:
+                elif self._helpers.busy:
                     # A helper collective in progress needs this engine in MPI.
                     if idle < 5000:
                         os.sched_yield()
@@ -440,7 +440,7 @@ class Engine:
             return True
         if not (self._leaving and self._closed):
             return False
-        if self._to_flush or self._rounds_in_flight():
+        if self._to_flush or self._rounds_in_flight() or not self._helpers.finished:
             return False
         if any(s.waiter is not None for s in self._streams.values()):
             return False
@@ -504,7 +504,7 @@ class Engine:
         if self._duplicating is not None or self._awaiting_comm:
             worked |= self._progress_comms()
         worked |= self._progress_rounds()
-        worked |= self._progress_helpers()
+        worked |= self._helpers.progress()
         if self._leaving:
             worked |= self._progress_leaving()
         self._unsent = self.transport.progress_sends()
@@ -524,6 +524,10 @@ class Engine:
             self._leaving = True
             self._shutdown_handle = cmd.handle
             self._to_flush = {sid for sid in self._by_id} - self._flushed
+            self._helpers.shutdown()
+            return
+        if isinstance(cmd, HelperCommand):
+            self._helpers.submit(cmd.request)
             return
         self._pending_handles.add(cmd.handle)
         try:
@@ -531,8 +535,6 @@ class Engine:
                 self._post(cmd)
             elif isinstance(cmd, FlushCommand):
                 self._flush(cmd)
-            elif isinstance(cmd, HelperCommand):
-                self._helpers.append((cmd.start, cmd.handle))
             else:  # pragma: no cover
                 raise EngineError(f"unknown command {cmd!r}")
         except HvdPartialError as err:
@@ -751,35 +753,6 @@ class Engine:
         if self.coordinator is not None and not stream.sync and launch.facts is not None \
                 and launch.facts.round is not None:
             self._broadcast(self.coordinator.on_round_complete(stream.id, launch.round, stream.last_included))
-
-    # -- helpers ----------------------------------------------------------------------
-
-    def _progress_helpers(self) -> bool:
-        worked = False
-        while True:
-            if self._helper is None:
-                if not self._helpers:
-                    return worked
-                start, handle = self._helpers.popleft()
-                generator = start()
-                self._helper = (generator, handle, None)
-                request = None
-            else:
-                generator, handle, request = self._helper
-                if not request.Test():
-                    return worked
-            worked = True
-            try:
-                request = generator.send(None)
-                self._helper = (generator, handle, request)
-            except StopIteration as stop:
-                self._helper = None
-                self._pending_handles.discard(handle)
-                handle.set_result(stop.value)
-            except HvdPartialError as err:  # e.g. ranks disagree on a helper's arguments
-                self._helper = None
-                self._pending_handles.discard(handle)
-                handle.set_error(err)
 
     # -- shutdown ---------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ Example::
 from .backend import KerasBackendError
 
 # Each module below checks the Keras backend when it is imported.
-from .. import (Average, ConfigError, EngineError, HvdPartialError, Majority, MismatchError,  # noqa: E402
+from .. import (Average, ConfigError, DuplicateNameError, EngineError, NotSupportedError, HvdPartialError, Majority, MismatchError,  # noqa: E402
                 NotInitializedError, RankFailedError, Solo, StreamConflictError, Sum, Sync, UnsupportedInputError,
                 barrier, config, is_initialized, local_rank, local_size, rank, shutdown, size, stats)
 from ..modes import Adasum, Max, Min, Product  # noqa: E402
@@ -43,5 +43,5 @@ __all__ = [
     "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built",
     "ccl_built", "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
     "HvdPartialError", "NotInitializedError", "ConfigError", "UnsupportedInputError", "StreamConflictError",
-    "MismatchError", "RankFailedError", "EngineError", "KerasBackendError",
+    "MismatchError", "RankFailedError", "EngineError", "NotSupportedError", "DuplicateNameError", "KerasBackendError",
 ]

@@ -174,7 +174,8 @@ class LearningRateGuard(keras.callbacks.Callback):
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """At the start of training, copy ``root_rank``'s model weights and
     optimizer variables to every rank (Horovod's callback; Horovod does it
-    after the first batch, here it happens before the first post). Variables
+    after the first batch, here it happens before the first post, or after
+    the first batch for a model that has no weights before its first step). Variables
     in ``local_variables`` (or registered with ``register_local_var``) are
     left alone. ``device`` is accepted at its default only. Ranks whose
     models differ in shape fail with ``MismatchError``.
@@ -196,15 +197,25 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         """Leave ``var`` out of the broadcast (a worker-local variable)."""
         self._local_vars.add(id(var))
 
-    def on_train_begin(self, logs=None):
-        if self.broadcast_done:
-            return
+    def _broadcast(self) -> None:
         variables = list(self.model.weights)
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None and getattr(optimizer, "built", False):
             variables += list(optimizer.variables)
         broadcast_variables([v for v in variables if id(v) not in self._local_vars], root_rank=self.root_rank)
         self.broadcast_done = True
+
+    def on_train_begin(self, logs=None):
+        # A model built without an input shape has no weights until its first
+        # step: then broadcast after that step, as Horovod always does (its
+        # first post was round 0, which every rank takes alone, so the ranks
+        # are identical from the broadcast on).
+        if not self.broadcast_done and self.model.weights:
+            self._broadcast()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.broadcast_done:
+            self._broadcast()
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

@@ -123,8 +123,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                         groups=(groups, None), scale_local_gradients=(scale_local_gradients, True),
                         use_locking=(use_locking, False))
         require_global(process_set, "DistributedOptimizer")
-        if op not in (_core.Average, _core.Sum):
-            raise ConfigError(f"DistributedOptimizer: op must be Average or Sum, got {op!r}")
         if isinstance(optimizer, DistributedOptimizer):
             raise UnsupportedInputError("the optimizer is already a DistributedOptimizer; wrap it only once")
         if not isinstance(optimizer, keras.optimizers.Optimizer):

@@ -27,9 +27,10 @@ Keras users: :mod:`hvd_partial.tensorflow.keras` (also ``hvd_partial.keras``).
 The compatibility with every Horovod name is listed in docs/horovod-tensorflow.md.
 """
 
-from .. import (Average, ConfigError, EngineError, HvdPartialError, Majority, MismatchError, NotInitializedError,
-                RankFailedError, Solo, StreamConflictError, Sum, Sync, UnsupportedInputError, barrier, config,
-                is_initialized, local_rank, local_size, rank, shutdown, size, stats)
+from .. import (Average, ConfigError, DuplicateNameError, EngineError, HvdPartialError, Majority, MismatchError,
+                NotInitializedError, NotSupportedError, RankFailedError, Solo, StreamConflictError, Sum, Sync,
+                UnsupportedInputError, barrier, config, is_initialized, local_rank, local_size, rank, shutdown, size,
+                stats)
 from ..modes import Adasum, Max, Min, Product
 from .basics import (ProcessSet, add_process_set, ccl_built, check_num_rank_power_of_2, cross_rank, cross_size,
                      cuda_built, ddl_built, global_process_set, gloo_built, gloo_enabled,
@@ -59,7 +60,7 @@ __all__ = [
     "ccl_built", "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
     "check_num_rank_power_of_2", "handle_average_backwards_compatibility",
     "HvdPartialError", "NotInitializedError", "ConfigError", "UnsupportedInputError", "StreamConflictError",
-    "MismatchError", "RankFailedError", "EngineError",
+    "MismatchError", "RankFailedError", "EngineError", "NotSupportedError", "DuplicateNameError",
 ]
 
 

@@ -1,8 +1,9 @@
 """Horovod's process-level names for the TensorFlow adapter: ``init`` with
 Horovod's arguments, node topology (``cross_rank``, ``cross_size``,
 ``is_homogeneous``), what the build supports (``mpi_built``, ``nccl_built``,
-...), rank and size as tensors, process sets and the checks of Horovod
-arguments that hvd_partial accepts only at their default values.
+...), rank and size as tensors, and the checks of Horovod arguments that
+hvd_partial accepts only at their default values (process sets are the
+core's: only the global one).
 
 Example::
 
@@ -20,48 +21,17 @@ import threading
 import tensorflow as tf
 
 import hvd_partial as _core
+from ..collectives.process_sets import (ProcessSet, add_process_set, check_process_set,  # noqa: F401
+                                        global_process_set, remove_process_set)
 from ..errors import ConfigError
 from ..modes import ReduceOp
 
 log = logging.getLogger("hvd_partial.tensorflow")
 
 
-class ProcessSet:
-    """Horovod's process set. hvd_partial runs every collective over the
-    world given to ``init``: only :data:`global_process_set` exists; use
-    ``init(comm=...)`` with an MPI sub-communicator to run on a subset.
-
-    Example::
-
-        hvd.allreduce(x, process_set=hvd.global_process_set)
-    """
-
-    def __init__(self, ranks=None):
-        self.ranks = None if ranks is None else sorted(int(r) for r in ranks)
-        self.process_set_id = 0 if ranks is None else None
-
-    def included(self) -> bool:
-        return self.ranks is None or _core.rank() in self.ranks
-
-    def size(self) -> int:
-        return _core.size() if self.ranks is None else len(self.ranks)
-
-    def rank(self) -> int:
-        return _core.rank() if self.ranks is None else self.ranks.index(_core.rank())
-
-    def __repr__(self) -> str:
-        return "ProcessSet(global)" if self.ranks is None else f"ProcessSet({self.ranks})"
-
-
-#: The only process set: every rank of the world given to ``init``.
-global_process_set = ProcessSet()
-
-
 def require_global(process_set, where: str) -> None:
-    """Raise ``ConfigError`` unless ``process_set`` is the global set."""
-    if process_set is not global_process_set and process_set is not None:
-        raise ConfigError(f"{where}: process_set={process_set!r} is not supported; hvd_partial runs every "
-                          "collective on the world given to init (pass init(comm=sub_communicator) to use a subset)")
+    """Raise ``NotSupportedError`` unless ``process_set`` is the global set."""
+    check_process_set(process_set, where)
 
 
 def require_default(where: str, **given) -> None:
@@ -189,16 +159,6 @@ def process_set_included_op(process_set_id: int = 0, name=None):
     if process_set_id != 0:
         raise ConfigError(f"process_set_included_op(process_set_id={process_set_id}): only set 0 exists")
     return tf.constant(1, dtype=tf.int32, name=name)
-
-
-def add_process_set(process_set):
-    """Not supported: hvd_partial runs on the world given to ``init``."""
-    raise ConfigError("add_process_set is not supported; pass init(comm=sub_communicator) to run on a subset")
-
-
-def remove_process_set(process_set):
-    """Not supported: only the global process set exists."""
-    raise ConfigError("remove_process_set is not supported: only the global process set exists")
 
 
 # -- what this build has ------------------------------------------------------------------

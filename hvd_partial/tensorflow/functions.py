@@ -93,7 +93,6 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
         return [allreduce(t, op=op, compression=compression, prescale_factor=prescale_factor,
                           postscale_factor=postscale_factor, name=None if name is None else f"{name}.{i}")
                 for i, t in enumerate(tensors)]
-    found = getattr(_core, "grouped_allreduce", None)
     wires, contexts = [], []
     for t in tensors:
         wire, context = compression.compress(tf.convert_to_tensor(t))
@@ -103,10 +102,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
         contexts.append(context)
 
     def run(*values):
-        arrays = [np.ascontiguousarray(v) for v in values]
-        if found is not None and op in (_core.Average, _core.Sum):
-            return list(found(arrays, op=op, name=name))
-        return [numpy_ops.allreduce(a, op, None if name is None else f"{name}.{i}") for i, a in enumerate(arrays)]
+        return numpy_ops.grouped_allreduce([np.ascontiguousarray(v) for v in values], op, name)
 
     outs = _run(run, wires, [w.dtype for w in wires], "hvd_partial_grouped_allreduce")
     if not isinstance(outs, (list, tuple)):

@@ -34,13 +34,11 @@ import threading
 import tensorflow as tf
 
 import hvd_partial as _core
-from ..errors import ConfigError
 from ..modes import Mode, ReduceOp
 from . import handoff
 from .basics import global_process_set, require_default, require_global
 from .compression import Compression, Compressor
-from .exchange import (GradientExchange, RoundGradients, _graph_builder, exchange_for, existing_exchange,
-                       rank_label)
+from .exchange import GradientExchange, RoundGradients, _graph_builder, exchange_for, existing_exchange
 
 #: Stream of the first set of sources differentiated by tapes created without ``name=``;
 #: later sets get ``.2``, ``.3``, ... in the order this process first uses them.
@@ -100,8 +98,6 @@ class DistributedGradientTape:
         self._name = name
         # Checks the settings now; the stream is chosen at the first gradient() (it depends on the sources).
         _core.stream_options(mode, op, max_staleness)
-        if op not in (_core.Average, _core.Sum):
-            raise ConfigError(f"DistributedGradientTape: op must be Average or Sum, got {op!r}")
         self._exchange: GradientExchange | None = None if name is None else self._exchange_named(name)
 
     def _exchange_named(self, name: str) -> GradientExchange:

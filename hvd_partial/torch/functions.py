@@ -1,5 +1,5 @@
-"""Horovod-style collectives on torch tensors: allreduce, broadcast, and the
-helpers that start every rank from the same model and optimizer state.
+"""The helpers that start every rank from the same model and optimizer state,
+and object collectives (Horovod's ``horovod.torch.functions``).
 
 Example::
 
@@ -14,206 +14,17 @@ Example::
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Mapping
 
 import numpy as np
 import torch
 
 import hvd_partial as _core
+from ..collectives.process_sets import check_process_set, global_process_set
 from ..errors import MismatchError, UnsupportedInputError
-from ..modes import ReduceOp, Sync
-from .compression import Compression
-from .tensors import HostStaging, to_cpu_tree
+from .tensors import to_cpu_tree
 
 log = logging.getLogger("hvd_partial.torch")
-
-_slots_lock = threading.Lock()
-_busy_slots: dict[tuple, set[int]] = {}  # stream key -> slots with a post in flight
-
-
-class TorchHandle:
-    """A tensor allreduce in flight; pass it to :func:`synchronize` or :func:`poll`."""
-
-    __slots__ = ("inner", "key", "slot", "like", "ctx", "compression", "postscale", "output", "_result")
-
-    def __init__(self, inner, key, slot, like, ctx, compression, postscale, output):
-        self.inner = inner
-        self.key = key
-        self.slot = slot
-        self.like = like  # (device, dtype, shape) of the input
-        self.ctx = ctx
-        self.compression = compression
-        self.postscale = postscale
-        self.output = output  # the tensor to write in place, or None
-        self._result = None
-
-    def __repr__(self) -> str:
-        return f"<hvd_partial.torch handle {self.key[0]!r} {'done' if self.inner.done() else 'pending'}>"
-
-
-def _resolve_op(average, op) -> ReduceOp:
-    if op is not None and average is not None:
-        raise ValueError("pass either op= or the deprecated average=, not both")
-    if op is None:
-        return ReduceOp.AVERAGE if average in (None, True) else ReduceOp.SUM
-    if not isinstance(op, ReduceOp):
-        raise TypeError(f"op must be hvd_partial.torch.Average or Sum, got {op!r}")
-    return op
-
-
-def allreduce_async(tensor: torch.Tensor, average=None, name: str | None = None, op=None,
-                    compression=Compression.none, prescale_factor: float = 1.0,
-                    postscale_factor: float = 1.0) -> TorchHandle:
-    """Start a synchronous (Horovod-semantics) allreduce of ``tensor``; returns a
-    handle. The result is a new tensor on ``tensor``'s device and dtype.
-
-    Calls with the same ``name`` (or, unnamed, the same shape and dtype) reuse one
-    stream; every rank must make the same calls in the same order.
-
-    Example::
-
-        handle = hvd.allreduce_async(t, name="metric")
-        ...
-        mean = hvd.synchronize(handle)
-    """
-    return _allreduce_async(tensor, average, name, op, compression, prescale_factor, postscale_factor, None)
-
-
-def allreduce_async_(tensor: torch.Tensor, average=None, name: str | None = None, op=None,
-                     prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> TorchHandle:
-    """In-place :func:`allreduce_async`: ``synchronize`` writes the result into ``tensor``.
-
-    Example::
-
-        hvd.synchronize(hvd.allreduce_async_(t))
-    """
-    return _allreduce_async(tensor, average, name, op, Compression.none, prescale_factor, postscale_factor, tensor)
-
-
-def allreduce(tensor: torch.Tensor, average=None, name: str | None = None, op=None,
-              compression=Compression.none, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0) -> torch.Tensor:
-    """Average (``op=Average``, the default) or sum ``tensor`` over all ranks.
-
-    Example::
-
-        mean_loss = hvd.allreduce(loss.detach(), name="loss")
-    """
-    return synchronize(allreduce_async(tensor, average, name, op, compression, prescale_factor, postscale_factor))
-
-
-def allreduce_(tensor: torch.Tensor, average=None, name: str | None = None, op=None,
-               prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> torch.Tensor:
-    """In-place :func:`allreduce`; returns ``tensor``.
-
-    Example::
-
-        hvd.allreduce_(counts, op=hvd.Sum)
-    """
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor))
-
-
-def _allreduce_async(tensor, average, name, op, compression, prescale, postscale, output) -> TorchHandle:
-    if not isinstance(tensor, torch.Tensor):
-        raise UnsupportedInputError(f"allreduce expects a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.is_sparse:
-        raise UnsupportedInputError(f"allreduce({name or ''}): sparse tensors are not supported; "
-                                    "pass tensor.to_dense()")
-    op = _resolve_op(average, op)
-    wire, ctx = compression.compress(tensor.detach())
-    if prescale != 1.0:
-        wire = wire * prescale
-    (array,) = HostStaging().to_host([wire], [f"allreduce({name or ''})"])
-    # One stream per (name, shape, dtype, op): a name may be reused with other
-    # shapes, and concurrent unnamed calls of the same kind get their own slot,
-    # numbered in call order (identical on every rank).
-    key = (name or "", tuple(array.shape), array.dtype.str, op.value)
-    with _slots_lock:
-        busy = _busy_slots.setdefault(key, set())
-        slot = 0
-        while slot in busy:
-            slot += 1
-        busy.add(slot)
-    stream = f"torch.allreduce/{key[0] or '-'}/{'x'.join(map(str, key[1])) or 'scalar'}/{key[2]}/{key[3]}/{slot}"
-    try:
-        inner = _core.partial_allreduce_async(array, stream, mode=Sync(), op=op)
-    except BaseException:
-        _release(key, slot)
-        raise
-    return TorchHandle(inner, key, slot, (tensor.device, tensor.dtype, tensor.shape), ctx, compression, postscale,
-                       output)
-
-
-def _release(key, slot) -> None:
-    with _slots_lock:
-        _busy_slots.get(key, set()).discard(slot)
-
-
-def poll(handle) -> bool:
-    """True when ``synchronize(handle)`` would not wait."""
-    inner = handle.inner if isinstance(handle, TorchHandle) else handle
-    return _core.poll(inner)
-
-
-def synchronize(handle):
-    """Wait for an allreduce started with :func:`allreduce_async` and return its
-    result tensor (numpy-level handles return their rounds, as in ``hvd_partial``).
-
-    Example::
-
-        out = hvd.synchronize(hvd.allreduce_async(t))
-    """
-    if not isinstance(handle, TorchHandle):
-        return _core.synchronize(handle)
-    if handle._result is not None:
-        return handle._result
-    try:
-        results = _core.synchronize(handle.inner)
-    finally:
-        _release(handle.key, handle.slot)
-    array = results[-1].array
-    (out,) = HostStaging.from_host([array], [(handle.like[0], _torch_dtype(array), handle.like[2])])
-    out = handle.compression.decompress(out, handle.ctx)
-    if out.dtype != handle.like[1]:
-        out = out.to(handle.like[1])
-    if handle.postscale != 1.0:
-        out = out * handle.postscale
-    if handle.output is not None:
-        with torch.no_grad():
-            handle.output.copy_(out)
-        out = handle.output
-    handle._result = out
-    return out
-
-
-def _torch_dtype(array: np.ndarray) -> torch.dtype:
-    return torch.from_numpy(np.empty(0, dtype=array.dtype)).dtype
-
-
-# ===== broadcast =========================================================================
-
-def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None) -> torch.Tensor:
-    """Return ``root_rank``'s ``tensor`` on every rank (a new tensor).
-
-    Example::
-
-        seed = hvd.broadcast(torch.tensor([seed]), root_rank=0)
-    """
-    out = tensor.detach().clone()
-    _broadcast_into([(name or "tensor", out)], root_rank, f"broadcast({name or ''})")
-    return out
-
-
-def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None) -> torch.Tensor:
-    """In-place :func:`broadcast`; returns ``tensor``.
-
-    Example::
-
-        hvd.broadcast_(weights, root_rank=0)
-    """
-    _broadcast_into([(name or "tensor", tensor)], root_rank, f"broadcast_({name or ''})")
-    return tensor
 
 
 def broadcast_parameters(params, root_rank: int = 0) -> None:
@@ -298,9 +109,15 @@ def _check_same(everyone, root_rank: int, what: str) -> None:
         raise MismatchError(f"{what}: ranks disagree: " + "; ".join(problems))
 
 
-def broadcast_optimizer_state(optimizer, root_rank: int = 0) -> None:
+def broadcast_optimizer_state(optimizer, root_rank: int = 0, model=None) -> None:
     """Make every rank's optimizer state (slots, hyperparameters, and for a
     :class:`DistributedOptimizer` its round counter) equal to ``root_rank``'s.
+
+    As in Horovod, an optimizer that has no state yet (nothing stepped) gets
+    its state created first, with zero gradients for parameters that have
+    none; unlike Horovod, the parameters and gradients are put back as they
+    were, so that initialization moves no weight (weight decay would). ``model``
+    is accepted for Horovod's signature (it marks sparse embeddings there).
 
     Example::
 
@@ -308,27 +125,59 @@ def broadcast_optimizer_state(optimizer, root_rank: int = 0) -> None:
     """
     if not hasattr(optimizer, "state_dict") or not hasattr(optimizer, "load_state_dict"):
         raise UnsupportedInputError(f"broadcast_optimizer_state expects an optimizer, got {type(optimizer).__name__}")
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if isinstance(inner, torch.optim.LBFGS):
+        raise UnsupportedInputError("broadcast_optimizer_state: cannot broadcast torch.optim.LBFGS state")
     groups = optimizer.param_groups
     signature = [[(tuple(p.shape), str(p.dtype).replace("torch.", "")) for p in g["params"]] for g in groups]
-    everyone = _core.allgather_object(signature)
+    everyone = _core.allgather_object(signature, name="broadcast_optimizer_state.signature")
     bad = [r for r, s in enumerate(everyone) if s != everyone[root_rank]]
     if bad:
         raise MismatchError(f"broadcast_optimizer_state: the parameters of the optimizer on ranks {bad} differ "
                             f"from root rank {root_rank}'s (groups, shapes or dtypes)")
+    if not inner.state:
+        _initialize_state(inner)
     state = to_cpu_tree(optimizer.state_dict()) if _core.rank() == root_rank else None
-    state = _core.broadcast_object(state, root_rank)
+    state = _core.broadcast_object(state, root_rank, name="broadcast_optimizer_state")
     if _core.rank() != root_rank:
         optimizer.load_state_dict(state)
 
 
-def broadcast_object(obj, root_rank: int = 0, name: str | None = None):
+def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
+    """Step ``optimizer`` once on zero gradients so that its state exists, then
+    restore the parameters and gradients it had."""
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    saved = [(p.detach().clone(), p.grad) for p in params]
+    # The user's step hooks (an attached LR scheduler, say) must not see this step.
+    hooks = optimizer._optimizer_step_pre_hooks, optimizer._optimizer_step_post_hooks
+    optimizer._optimizer_step_pre_hooks, optimizer._optimizer_step_post_hooks = type(hooks[0])(), type(hooks[1])()
+    try:
+        _step_on_zeros(optimizer, params, saved)
+    finally:
+        optimizer._optimizer_step_pre_hooks, optimizer._optimizer_step_post_hooks = hooks
+
+
+def _step_on_zeros(optimizer, params, saved) -> None:
+    with torch.no_grad():
+        for p in params:
+            p.grad = torch.zeros_like(p)
+            if isinstance(optimizer, torch.optim.SparseAdam):
+                p.grad = p.grad.to_sparse()
+        optimizer.step()
+        for p, (data, grad) in zip(params, saved):
+            p.copy_(data)
+            p.grad = grad
+
+
+def broadcast_object(obj, root_rank: int = 0, name: str | None = None, process_set=global_process_set):
     """Return ``root_rank``'s picklable ``obj`` on every rank (tensors included).
 
     Example::
 
         epoch = hvd.broadcast_object(epoch, root_rank=0)
     """
-    return _core.broadcast_object(obj, root_rank)
+    check_process_set(process_set, "broadcast_object")
+    return _core.broadcast_object(obj, root_rank, name=name)
 
 
 def allgather_object(obj, name: str | None = None) -> list:
@@ -338,4 +187,4 @@ def allgather_object(obj, name: str | None = None) -> list:
 
         losses = hvd.allgather_object(float(loss))
     """
-    return _core.allgather_object(obj)
+    return _core.allgather_object(obj, name=name)

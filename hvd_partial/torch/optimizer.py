@@ -25,12 +25,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import warnings
 from collections import deque
 
 import numpy as np
 import torch
 
 import hvd_partial as _core
+from ..collectives.process_sets import check_process_set, global_process_set
 from ..core.round_result import RoundResult
 from ..errors import ConfigError, HvdPartialError, MismatchError, UnsupportedInputError
 from ..modes import Mode, ReduceOp
@@ -80,7 +82,9 @@ def _rank() -> int | str:
     try:
         return _core.rank()
     except HvdPartialError:
-        return "?"
+        # The engine failed (another rank raised first): the rank is still known.
+        transport = _core.api._transport
+        return transport.rank if transport is not None else "?"
 
 
 def _facts(result: RoundResult) -> RoundResult:
@@ -124,9 +128,26 @@ class DistributedOptimizer:
         print(opt.rounds, [r.contributors for r in opt.last_results])
     """
 
-    def __init__(self, optimizer, named_parameters=None, mode: Mode | None = None, op: ReduceOp = _core.Average,
-                 compression=Compression.none, backward_passes_per_step: int = 1, max_staleness: int | None = None,
-                 sparse_as_dense: bool = False, name: str | None = None):
+    def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
+                 backward_passes_per_step: int = 1, op: ReduceOp = _core.Average,
+                 gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups=None,
+                 sparse_as_dense: bool = False, process_set=global_process_set, *, mode: Mode | None = None,
+                 max_staleness: int | None = None, name: str | None = None):
+        check_process_set(process_set, "DistributedOptimizer")
+        if op is ReduceOp.ADASUM:
+            raise UnsupportedInputError("DistributedOptimizer(op=Adasum): Adasum is not implemented by hvd_partial; "
+                                        "use op=Average (the default)")
+        if not isinstance(gradient_predivide_factor, (int, float)) or gradient_predivide_factor <= 0:
+            raise ConfigError(f"gradient_predivide_factor must be a number > 0, got {gradient_predivide_factor!r}")
+        if gradient_predivide_factor != 1.0 and op is not ReduceOp.AVERAGE:
+            raise ConfigError("gradient_predivide_factor is only supported with op=Average (as in Horovod)")
+        if not isinstance(num_groups, int) or num_groups < 0:
+            raise ConfigError(f"num_groups must be an int >= 0, got {num_groups!r}")
+        if groups is not None and num_groups:
+            raise ConfigError("pass either num_groups or groups, not both (as in Horovod)")
+        if groups is not None and not (isinstance(groups, int) and groups >= 0) and not (
+                isinstance(groups, (list, tuple)) and all(isinstance(g, (list, tuple)) for g in groups)):
+            raise ConfigError("groups must be an int >= 0 or a list of lists of parameters")
         if isinstance(optimizer, DistributedOptimizer):
             raise TypeError("this optimizer is already a DistributedOptimizer; wrap the plain optimizer once")
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -144,6 +165,7 @@ class DistributedOptimizer:
             raise TypeError(f"name must be a non-empty str, got {name!r}")
 
         self._inner = optimizer
+        self._predivide = float(gradient_predivide_factor)
         self._mode = mode
         self._op = op
         self._compression = compression
@@ -162,7 +184,7 @@ class DistributedOptimizer:
         self._round_base = 0  # rounds taken before a checkpoint was loaded
         self._updates = 0
         self._loaded: tuple | None = None  # (round, [(id, version) of each grad]) after synchronize()
-        self._warned_double_sync = False
+        self._hyper: tuple | None = None  # hyperparameters as the last step left them (solo, majority)
         self.last_results: list[RoundResult] = []
         self._hook_handles: list = []
         self._collect_parameters()
@@ -198,6 +220,10 @@ class DistributedOptimizer:
         for p in self._params:
             wire_dtype(self._compressed_dtype(p.dtype), f"parameter {names[id(p)]!r}")
         self._zeros: dict[int, torch.Tensor] = {}
+        # Sync mode: parameters whose gradients are sparse, reduced Horovod's way
+        # (allgather of indices and values) beside the dense stream; fixed at the first step.
+        self._sparse_idx: list[int] | None = None
+        self._sparse_grads: dict[int, torch.Tensor] = {}
         for handle in self._hook_handles:
             handle.remove()
         self._passes = _PassCounter(self._backward_passes, names)
@@ -265,11 +291,14 @@ class DistributedOptimizer:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._check_hyperparameters()
         if self._synchronized:
-            if self._should_sync and not self._warned_double_sync:
-                self._warned_double_sync = True
-                log.warning("rank %s: optimizer.step() after optimizer.synchronize() outside "
-                            "optimizer.skip_synchronize(); applying the rounds already taken", _rank())
+            if self._should_sync:
+                # Horovod warns the same way (scripts filter or catch it).
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(); applying the rounds already taken. Use "
+                              "'with optimizer.skip_synchronize(): optimizer.step()' after synchronize()",
+                              UserWarning, stacklevel=2)
         elif not self._should_sync:
             raise SynchronizationError(
                 f"rank {_rank()}: step() inside skip_synchronize() without a prior synchronize() would apply this "
@@ -306,6 +335,7 @@ class DistributedOptimizer:
         if self._synchronized:
             return self.last_results
         self._passes.check()
+        self._settle_sparse_layout()
         arrays, ctxs = self._local_gradients()
         handle = _core.grouped_partial_allreduce_async(arrays, self._name, mode=self._mode, op=self._op,
                                                        max_staleness=self._max_staleness)
@@ -313,6 +343,7 @@ class DistributedOptimizer:
             results = _core.synchronize(handle)
         except MismatchError as err:
             raise self._explain_mismatch(err) from err
+        self._reduce_sparse()
         self._ctxs = ctxs
         self._posted = True
         self._dirty = self._mode.kind != "sync"
@@ -369,6 +400,7 @@ class DistributedOptimizer:
         self._loaded = None
         self._apply_queue()
         self._dirty = False
+        self._hyper = None  # every rank is at the same round: schedules may change hyperparameters here
         return self.last_results
 
     # ===== state =============================================================================
@@ -398,6 +430,7 @@ class DistributedOptimizer:
         state_dict = dict(state_dict)
         extra = state_dict.pop(STATE_KEY, None)
         self._inner.load_state_dict(state_dict)
+        self._hyper = None
         if extra is not None:
             self._round_base = int(extra["rounds"]) - self._taken
             self._updates = int(extra.get("updates", 0))
@@ -471,7 +504,10 @@ class DistributedOptimizer:
                     "optimizer was wrapped but now has a gradient; the stream's layout is fixed. Wrap the "
                     "optimizer again after unfreezing")
         wires, ctxs = [], []
+        sparse = set(self._sparse_idx or ())
         for i, (p, name) in enumerate(zip(self._params, self._names)):
+            if i in sparse:
+                continue
             g = p.grad
             if g is None:
                 g = self._zeros.get(i)
@@ -479,27 +515,78 @@ class DistributedOptimizer:
                     g = self._zeros[i] = torch.zeros(p.shape, dtype=p.dtype)
             elif g.is_sparse:
                 if not self._sparse_as_dense:
+                    if self._mode.kind == "sync":
+                        raise UnsupportedInputError(
+                            f"rank {_rank()}: parameter {name!r} has a sparse gradient now but had a dense one (or "
+                            "none on every rank) at the first step; a parameter's gradients must stay sparse or "
+                            "dense, or pass sparse_as_dense=True")
                     raise UnsupportedInputError(
-                        f"rank {_rank()}: parameter {name!r} has a sparse gradient, which partial collectives do not "
-                        "reduce; pass sparse_as_dense=True (or use a dense embedding)")
+                        f"rank {_rank()}: parameter {name!r} has a sparse gradient, which {self._mode.kind} rounds "
+                        "cannot carry (a round has a fixed dense layout); pass sparse_as_dense=True, or use "
+                        "mode=hvd.Sync(), where sparse gradients are allgathered as in Horovod")
                 g = g.to_dense()
             wire, ctx = self._compression.compress(g)
             wires.append(wire)
             ctxs.append(ctx)
-        return self._staging.to_host(wires, self._names), ctxs
+        names = [n for i, n in enumerate(self._names) if i not in sparse]
+        if not wires:  # every gradient is sparse: the stream still counts the rounds
+            wires, names = [torch.zeros(1, dtype=torch.float32)], ["(rounds)"]
+        return self._staging.to_host(wires, names), ctxs
+
+    def _settle_sparse_layout(self) -> None:
+        """Sync mode, first step: which parameters have sparse gradients (on any rank)."""
+        if self._sparse_idx is not None or self._mode.kind != "sync" or self._sparse_as_dense:
+            return
+        mine = [i for i, p in enumerate(self._params) if p.grad is not None and p.grad.is_sparse]
+        everyone = _core.allgather_object(mine, name=f"{self._name}.sparse_layout")
+        union = sorted(set().union(*map(set, everyone)))
+        for i in union:
+            g = self._params[i].grad
+            if g is not None and not g.is_sparse:
+                raise UnsupportedInputError(
+                    f"rank {_rank()}: parameter {self._names[i]!r} has a dense gradient here but a sparse one on "
+                    "another rank; pass sparse_as_dense=True")
+        self._sparse_idx = union
+
+    def _reduce_sparse(self) -> None:
+        """Sync mode: reduce the sparse gradients by allgather (Horovod's way)."""
+        if not self._sparse_idx:
+            return
+        from .mpi_ops import sparse_allreduce_async, synchronize
+
+        handles = {}
+        for i in self._sparse_idx:
+            p = self._params[i]
+            g = p.grad
+            if g is None:
+                # No gradient on this rank: an empty one, indexed by rows as an embedding's is.
+                g = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64),
+                                            torch.zeros((0, *p.shape[1:]), dtype=p.dtype), p.shape)
+            elif not g.is_sparse:
+                raise UnsupportedInputError(
+                    f"rank {_rank()}: parameter {self._names[i]!r} had a sparse gradient at the first step and has "
+                    "a dense one now; a parameter's gradients must stay sparse or dense")
+            handles[i] = sparse_allreduce_async(g, f"{self._name}.sparse.{self._names[i]}", self._op)
+        self._sparse_grads = {i: synchronize(h).coalesce() for i, h in handles.items()}
 
     def _load(self, result: RoundResult) -> None:
         arrays = result.arrays
-        targets = [(p.device, _torch_dtype(a), p.shape) for p, a in zip(self._params, arrays)]
+        sparse = set(self._sparse_idx or ())
+        params = [p for i, p in enumerate(self._params) if i not in sparse]
+        for i in sparse:
+            grad = self._sparse_grads.get(i)
+            if grad is not None:
+                self._params[i].grad = grad
+        targets = [(p.device, _torch_dtype(a), p.shape) for p, a in zip(params, arrays)]
         grads = HostStaging.from_host(arrays, targets)
-        for p, g, ctx in zip(self._params, grads, self._ctxs):
+        for p, g, ctx in zip(params, grads, self._ctxs):
             g = self._compression.decompress(g, ctx)
             if g.dtype != p.dtype:
                 g = g.to(p.dtype)
             p.grad = g
 
     def _grad_versions(self) -> list:
-        return [(id(p.grad), p.grad._version) for p in self._params]
+        return [(id(p.grad), p.grad._version) for p in self._params if p.grad is not None]
 
     def _apply_queue(self) -> None:
         queue = self._queue
@@ -524,6 +611,29 @@ class DistributedOptimizer:
                 self._load(result)
             self._inner.step()
             self._updates += 1
+        self._hyper = _hyperparameters(self._inner) if self._mode.kind != "sync" else None
+
+    def _check_hyperparameters(self) -> None:
+        """Solo and majority: refuse hyperparameters changed between local
+        steps. Ranks take different numbers of rounds per local step, so a
+        value set per local step (a learning rate from the batch index, a
+        scheduler stepped per local epoch) would apply to different rounds on
+        different ranks and the replicas would diverge silently."""
+        if self._hyper is None:
+            return
+        now = _hyperparameters(self._inner)
+        if now == self._hyper:
+            return
+        changed = sorted({f"param_groups[{i}].{k}" for i, (a, b) in enumerate(zip(now, self._hyper))
+                          for k, v in a if dict(b).get(k) != v}) or ["param_groups"]
+        self._hyper = None
+        raise SynchronizationError(
+            f"rank {_rank()}: {', '.join(changed)} changed between two local steps in {self._mode.kind} mode. Ranks "
+            "take different numbers of rounds per local step, so a value set per local step (from the batch index, "
+            "or a scheduler stepped per local epoch) reaches different rounds on different ranks and the replicas "
+            "diverge. Drive schedules by optimizer.rounds: set them in optimizer.register_step_pre_hook(...) or "
+            "optimizer.attach_lr_scheduler(...), or change them right after optimizer.flush() (every rank is at "
+            "the same round there); or use mode=hvd.Sync()")
 
     def _explain_mismatch(self, err: MismatchError) -> MismatchError:
         """Every rank got ``err`` (the stream was rejected everywhere): compare the
@@ -552,6 +662,21 @@ class DistributedOptimizer:
         return MismatchError(f"rank {_rank()}: DistributedOptimizer stream {self._name!r}: the model differs across "
                              f"ranks: {'; '.join(problems)}. Every rank must wrap the same parameters "
                              f"(same order, shapes and dtypes)")
+
+
+def _hyperparameters(optimizer) -> tuple:
+    """The param groups' hyperparameters (everything but the parameters), comparable with ==."""
+    out = []
+    for group in optimizer.param_groups:
+        items = []
+        for key, value in group.items():
+            if key == "params":
+                continue
+            if isinstance(value, torch.Tensor):
+                value = tuple(value.detach().reshape(-1).tolist())
+            items.append((key, value))
+        out.append(tuple(items))
+    return tuple(out)
 
 
 _TORCH_DTYPES: dict = {}

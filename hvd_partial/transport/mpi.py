@@ -2,7 +2,8 @@
 this module, and only the engine thread makes them.
 
 It owns three private duplicates of the user's communicator: one for control
-messages (point-to-point, pickled), one for the Horovod-style helpers, and
+messages (point-to-point, pickled), one for the Horovod-style helpers (all of
+them, whatever their names: see :mod:`.helper_channel`), and
 one from which each stream's own communicator is duplicated, so that
 collectives of different streams never have to be ordered against each other.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import pickle
 
 import numpy as np
 from mpi4py import MPI
@@ -172,42 +172,6 @@ class MpiTransport:
     @staticmethod
     def done(requests) -> bool:
         return MPI.Request.Testall(requests)
-
-    # -- helper collectives: generators that yield requests ----------------------
-
-    def op_allreduce(self, array: np.ndarray):
-        recv = np.empty_like(array)
-        yield self.helpers.Iallreduce(array, recv, op=MPI.SUM)
-        return recv
-
-    def op_broadcast(self, array: np.ndarray, root: int):
-        buf = np.array(array, copy=True) if self.rank == root else np.empty_like(array)
-        yield self.helpers.Ibcast(buf, root=root)
-        return buf
-
-    def op_barrier(self):
-        yield self.helpers.Ibarrier()
-        return None
-
-    def op_broadcast_object(self, obj, root: int):
-        payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if self.rank == root else None
-        length = np.array([payload.size if payload is not None else 0], dtype=np.int64)
-        yield self.helpers.Ibcast(length, root=root)
-        if payload is None:
-            payload = np.empty(int(length[0]), dtype=np.uint8)
-        else:
-            payload = payload.copy()
-        yield self.helpers.Ibcast(payload, root=root)
-        return obj if self.rank == root else pickle.loads(payload.tobytes())
-
-    def op_allgather_object(self, obj):
-        mine = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy()
-        lengths = np.empty(self.size, dtype=np.int64)
-        yield self.helpers.Iallgather(np.array([mine.size], dtype=np.int64), lengths)
-        gathered = np.empty(int(lengths.sum()), dtype=np.uint8)
-        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        yield self.helpers.Iallgatherv(mine, [gathered, lengths, offsets, MPI.BYTE])
-        return [pickle.loads(gathered[o:o + n].tobytes()) for o, n in zip(offsets, lengths)]
 
     # -- teardown ------------------------------------------------------------------
 

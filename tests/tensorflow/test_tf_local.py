@@ -141,8 +141,8 @@ def test_apply_before_init_raises_not_initialized():
     ({"num_groups": 2}, "num_groups=2"),
     ({"groups": 3}, "groups=3"),
     ({"device_dense": "/gpu:0"}, "device_dense"),
-    ({"process_set": hvd_tf.ProcessSet([0])}, "process_set"),
-    ({"op": hvd_tf.Max}, "op must be Average or Sum"),
+    ({"process_set": hvd_tf.ProcessSet([0])}, "global_process_set"),
+    ({"op": hvd_tf.Max}, "op=Average or op=Sum"),
 ])
 def test_wrappers_accept_horovod_arguments_only_at_their_defaults(kwargs, text):
     with tf.GradientTape() as tape:
@@ -151,9 +151,11 @@ def test_wrappers_accept_horovod_arguments_only_at_their_defaults(kwargs, text):
                     process_set=hvd_tf.global_process_set, scale_local_gradients=True)
     hvd_tf.DistributedGradientTape(tape, **defaults)
     hvd.DistributedOptimizer(keras.optimizers.SGD(), name=f"defaults_{len(text)}", **defaults)
-    with pytest.raises(hvd.ConfigError, match=text):
+    error = hvd.NotSupportedError if "process_set" in kwargs else \
+        hvd.UnsupportedInputError if "op" in kwargs else hvd.ConfigError
+    with pytest.raises(error, match=text):
         hvd_tf.DistributedGradientTape(tape, **kwargs)
-    with pytest.raises(hvd.ConfigError, match=text):
+    with pytest.raises(error, match=text):
         hvd.DistributedOptimizer(keras.optimizers.SGD(), **kwargs)
 
 
@@ -166,6 +168,8 @@ def test_helper_arguments_follow_horovod():
         resolve_op(hvd.Sum, True, "x")
     with pytest.raises(hvd.ConfigError, match="Adasum"):
         hvd_tf.allreduce(tf.constant([1.0]), op=hvd_tf.Adasum)
+    with pytest.raises(hvd.NotSupportedError, match="global_process_set"):
+        hvd_tf.allgather(tf.constant([1.0]), process_set=hvd_tf.ProcessSet([0]))
     with pytest.raises(hvd.ConfigError, match="eager"):
         hvd_tf.broadcast_global_variables(0)
     with pytest.raises(hvd.ConfigError, match="process_sets"):

@@ -55,6 +55,7 @@ def collectives(rank, size):
         out["mismatch"] = None
     except Exception as err:  # noqa: BLE001 - the error as TensorFlow hands it over
         out["mismatch"] = f"{type(err).__name__}: {err}"
+    out["join"] = hvd.join()
     return out
 
 

@@ -5,13 +5,15 @@ HVD_PARTIAL_MODE decides), with a persistent straggler and uneven step counts:
 
 - conservation: one-hot losses, SGD(lr=1), op=Sum: after flush_tapes() the
   weights are exactly minus the sum of every rank's posts (no round lost,
-  none applied twice), and catch-up posts (k > 1) did happen;
+  none applied twice); rank 1 posts each step only after rank 0 is two steps
+  further, so its posts take several rounds (catch-ups) by construction;
 - Adam with the first-batch broadcasts of Horovod's examples: weights and
   optimizer state bitwise identical on every rank after flush_tapes();
 - the same loop eagerly; gradients changed before apply_gradients: ConfigError;
 - shutdown() then init(): the same tape streams and a DistributedOptimizer go on.
 """
 
+import os
 import sys
 import time
 
@@ -26,6 +28,9 @@ import hvd_partial.tensorflow.keras as hvd_keras
 from support import phase, report
 
 MODE = sys.argv[1]
+# Majority rounds wait for a designated initiator, who may be the lagging rank
+# itself: the lag by construction is for solo only.
+LAG = MODE != "majority"
 
 
 def mode_kwargs():
@@ -37,6 +42,27 @@ def straggle(rank, rng):
         time.sleep(0.015)
     elif rng.random() < 0.2:
         time.sleep(0.02)
+
+
+def _marker(t: int) -> str:
+    return os.path.join(os.environ["HVD_TEST_OUT"], f"rank0.step{t}")
+
+
+def mark_step(t: int) -> None:
+    open(_marker(t), "w").close()
+
+
+def lag_behind_rank0(t: int, rank0_steps: int) -> None:
+    """Rank 1 posts step t only once rank 0 has finished step t + 2 (or all its
+    steps): every such post then takes several rounds (a catch-up), by
+    construction rather than by timing (solo: rank 0 never waits for rank 1
+    within the staleness bound)."""
+    wanted = _marker(min(t + 2, rank0_steps - 1))
+    deadline = time.monotonic() + 120
+    while not os.path.exists(wanted):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank 0 never finished the step of {wanted}")
+        time.sleep(0.005)
 
 
 def conservation(rank, size):
@@ -56,17 +82,19 @@ def conservation(rank, size):
         opt.apply_gradients(zip(grads, [w]))
 
     for t in range(steps[rank]):
-        straggle(rank, rng)
+        if LAG and rank == 1 and t > 0:  # round 0 needs every rank's first post
+            lag_behind_rank0(t, steps[0])
         x = np.zeros(width)
         x[offset + t] = 1.0
         step(tf.constant(x))
-    exchange = hvd.GradientExchange  # noqa: F841 (the class, for the counters below)
+        if rank == 0:
+            mark_step(t)
     from hvd_partial.tensorflow.exchange import existing_exchange
 
     ex = existing_exchange(hvd.DEFAULT_TAPE_STREAM)
     updates_in_steps, posts = ex.updates, ex.posts
     flushed = hvd.flush_tapes()
-    return {"w": w.numpy().tolist(), "posts": posts, "updates_in_steps": updates_in_steps, "flushed": flushed,
+    return {"lagged": LAG and rank == 1, "w": w.numpy().tolist(), "posts": posts, "updates_in_steps": updates_in_steps, "flushed": flushed,
             "iterations": int(opt.iterations)}
 
 

@@ -61,7 +61,7 @@ def main():
     torch.manual_seed(0)
     with torch.no_grad():
         emb.weight.copy_(torch.randn(10, 3))
-    sparse_opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1), mode=hvd.Sync(), name="sparse")
+    sparse_opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1), mode=hvd.Solo(), name="sparse")
 
     def sparse_step(o):
         o.zero_grad()
@@ -69,6 +69,13 @@ def main():
         o.step()
 
     out["sparse"] = caught(lambda: sparse_step(sparse_opt))
+    # Sync mode reduces sparse gradients as Horovod does, by allgather.
+    sync_opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1), mode=hvd.Sync(),
+                                        name="sparse-sync")
+    sparse_step(sync_opt)
+    out["sparse_sync_is_sparse"] = emb.weight.grad.is_sparse
+    out["sparse_sync_grad"] = emb.weight.grad.to_dense()[:4, 0].tolist()
+    out["sparse_sync_fp"] = fingerprint(emb)
     dense_opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1), mode=hvd.Sync(),
                                          sparse_as_dense=True, name="sparse-as-dense")
     sparse_step(dense_opt)

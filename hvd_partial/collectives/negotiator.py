@@ -1,0 +1,382 @@
+"""The negotiation of helper collectives, run by the engine thread.
+
+Horovod's coordinator matches every named request across ranks before data
+moves. This does the same without a coordinator:
+
+- A *cycle* is a nonblocking allgather, on the one helper communicator, of
+  what each rank submitted since its previous cycle (its announcements), so
+  after every cycle all ranks hold the same *view*: which rank submitted
+  which name, with which signature.
+- After each cycle every rank walks the view in the same order. A name that
+  every rank still in play (not joined) has submitted is compared field by
+  field: on a mismatch, each rank that submitted it gets the same
+  :class:`~hvd_partial.errors.MismatchError`; otherwise its data collective
+  starts, on the same communicator, in the same order everywhere. Joined
+  ranks contribute zeros (allreduce, reducescatter) or nothing (allgather,
+  alltoall).
+- While names stay unmatched, cycles follow each other, paced (1 ms, 10 ms
+  after 100 quiet cycles) when nothing changes. When nothing is pending
+  anywhere, the ranks stop cycling; a rank with a new request then sends
+  every peer a wake-up notice for the next cycle (and rings its doorbell).
+- A name that some ranks never submit is reported after
+  ``stall_warning_seconds`` (a warning naming the name and the missing
+  ranks, by the lowest rank that submitted it); past
+  ``stall_shutdown_seconds`` (if set) every rank fails with
+  :class:`~hvd_partial.observe.stall.StalledRankError`.
+
+The engine sees a small seam: :meth:`Negotiator.submit` (a request, on the
+engine thread), :meth:`Negotiator.progress` (each engine step; True if it did
+anything), :attr:`Negotiator.busy` (poll closely), :meth:`Negotiator.shutdown`
+and :attr:`Negotiator.finished` (shutdown waits until every rank has left
+the negotiation, so no peer's cycle is left without this rank).
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+from collections import deque
+from typing import Callable
+
+import numpy as np
+
+from ..errors import EngineError, HvdPartialError, MismatchError, RankFailedError
+from . import requests as kinds
+from .requests import Request, differences
+
+log = logging.getLogger("hvd_partial.collectives")
+
+_PACE_SECONDS = 1e-3  # Horovod's default cycle time
+_SLOW_PACE_SECONDS = 1e-2
+_QUIET_BEFORE_SLOW = 100
+_STALL_CHECK_SECONDS = 1.0
+# Bytes per rank of a cycle's first allgather: most cycles' announcements fit.
+_SLOT_BYTES = 512
+
+
+class _Entry:
+    __slots__ = ("name", "kind", "sigs", "infos", "first_seen", "warned")
+
+    def __init__(self, name: str, kind: str):
+        self.name = name
+        self.kind = kind
+        self.sigs: dict[int, tuple] = {}
+        self.infos: dict[int, object] = {}
+        self.first_seen = time.monotonic()
+        self.warned = False
+
+
+class Negotiator:
+    """Negotiated helper collectives of one engine (see the module docstring)."""
+
+    def __init__(self, transport, config, fail: Callable[[HvdPartialError], None] | None = None):
+        self._transport = transport
+        self._config = config
+        self._fail = fail
+        self.rank = transport.rank
+        self.size = transport.size
+        self._channel = None
+        self._new: deque[Request] = deque()  # submitted here, not yet announced
+        self._mine: dict[str, Request] = {}  # announced by this rank, not finished
+        self._view: dict[str, _Entry] = {}  # identical on every rank after each cycle
+        self._joined: dict[int, int] = {}  # rank -> cycle in which it joined
+        self._left: set[int] = set()
+        self._cycle = 0  # cycles completed
+        self._wanted = 0  # the highest cycle a peer asked this rank to join
+        self._steps = None  # the cycle in flight: (generator, MPI request)
+        self._running: list = []  # data collectives in flight: (MPI requests, completion)
+        self._active = False  # work is pending somewhere: the next cycle needs no wake-up
+        self._quiet = 0
+        self._next_cycle_at = 0.0
+        self._leaving = False
+        self._announced_leaving = False
+        self._next_stall_check = time.monotonic() + _STALL_CHECK_SECONDS
+        self.cycles = 0  # statistics, for tests and benchmarks
+        self.executed = 0
+
+    # ===== the engine's seam ===================================================================
+
+    def submit(self, request: Request) -> None:
+        """Queue ``request`` (engine thread)."""
+        if getattr(self._transport, "helpers", None) is None:
+            self._finish_error(request, EngineError("this transport has no helper communicator"))
+            return
+        if request.kind == kinds.LOCAL:
+            try:
+                self._finish_value(request, request.finish(None))
+            except Exception as err:  # noqa: BLE001 - handed to the caller
+                self._finish_error(request, err)
+            return
+        if self._leaving:
+            self._finish_error(request, EngineError(f"rank {self.rank}: {request.kind} {request.name!r} "
+                                                    "submitted while shutting down"))
+            return
+        self._new.append(request)
+
+    @property
+    def busy(self) -> bool:
+        """True while the engine should poll closely (a cycle, a collective or
+        a paced next cycle is due)."""
+        return bool(self._steps is not None or self._running or self._new or self._active
+                    or (self._leaving and not self._announced_leaving))
+
+    def shutdown(self) -> None:
+        """This rank leaves: announce it, then keep answering cycles until all have left."""
+        self._leaving = True
+
+    @property
+    def finished(self) -> bool:
+        """After :meth:`shutdown`: every rank has left and nothing is in flight."""
+        if self._channel is None:
+            return not self._new
+        return self._leaving and len(self._left) == self.size and not self.busy
+
+    def progress(self) -> bool:
+        """Move the negotiation and the collectives on; True if anything happened."""
+        if self._channel is None:
+            helpers = getattr(self._transport, "helpers", None)
+            if helpers is None or self.size == 1 and not (self._new or self._leaving):
+                return False
+            from ..transport.helper_channel import HelperChannel  # MPI only where the transport has it
+
+            self._channel = HelperChannel(helpers, getattr(self._transport, "doorbell", None))
+        worked = self._complete_collectives()
+        for cycle in self._channel.wakes():
+            self._wanted = max(self._wanted, cycle)
+            worked = True
+        while True:
+            if self._steps is not None:
+                if not self._advance_cycle():
+                    break
+                worked = True
+                continue
+            if self._should_start():
+                self._start_cycle()
+                worked = True
+                continue
+            break
+        now = time.monotonic()
+        if now >= self._next_stall_check:
+            self._next_stall_check = now + _STALL_CHECK_SECONDS
+            self._inspect_stalls(now)
+        return worked
+
+    # ===== cycles ==================================================================================
+
+    def _should_start(self) -> bool:
+        if len(self._left) == self.size:
+            return False
+        news = bool(self._new) or (self._leaving and not self._announced_leaving)
+        if self._active:
+            return news or time.monotonic() >= self._next_cycle_at
+        if self._wanted > self._cycle:
+            return True
+        if news:
+            self._channel.wake(self._cycle + 1)
+            return True
+        return False
+
+    def _start_cycle(self) -> None:
+        announcements = []
+        while self._new:
+            request = self._new.popleft()
+            self._mine[request.name] = request
+            announcements.append(request.announcement())
+        leaving = self._leaving and not self._announced_leaving
+        self._announced_leaving |= leaving
+        payload = pickle.dumps((announcements, leaving), protocol=pickle.HIGHEST_PROTOCOL) if announcements or leaving else b""
+        generator = self._cycle_steps(np.frombuffer(payload, dtype=np.uint8).copy())
+        self._steps = (generator, next(generator))
+
+    def _cycle_steps(self, payload: np.ndarray):
+        """One cycle: an allgather of fixed slots (a length, then the payload
+        when it fits), and a second, variable one only when some payload did not fit."""
+        channel = self._channel
+        slot = np.zeros(_SLOT_BYTES, dtype=np.uint8)
+        slot[:8].view(np.int64)[0] = payload.size
+        inline = payload.size <= _SLOT_BYTES - 8
+        if inline:
+            slot[8:8 + payload.size] = payload
+        slots = np.empty(self.size * _SLOT_BYTES, dtype=np.uint8)
+        yield channel.allgather_bytes(slot, slots, [_SLOT_BYTES] * self.size)
+        slots = slots.reshape(self.size, _SLOT_BYTES)
+        counts = slots[:, :8].copy().view(np.int64).reshape(-1)
+        spilled = counts > _SLOT_BYTES - 8
+        gathered = offsets = None
+        if spilled.any():
+            sizes = np.where(spilled, counts, 0)
+            gathered = np.empty(int(sizes.sum()), dtype=np.uint8)
+            offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+            yield channel.allgather_bytes(payload if not inline else payload[:0], gathered, sizes)
+        tables = []
+        for rank, n in enumerate(counts):
+            n = int(n)
+            if n == 0:
+                tables.append(None)
+            elif spilled[rank]:
+                tables.append(pickle.loads(gathered[offsets[rank]:offsets[rank] + n].tobytes()))
+            else:
+                tables.append(pickle.loads(slots[rank, 8:8 + n].tobytes()))
+        return tables
+
+    def _advance_cycle(self) -> bool:
+        generator, request = self._steps
+        if not self._channel.done(request):
+            return False
+        try:
+            self._steps = (generator, generator.send(None))
+        except StopIteration as stop:
+            self._steps = None
+            self._cycle += 1
+            self.cycles += 1
+            self._after_cycle(stop.value)
+        return True
+
+    def _after_cycle(self, tables) -> None:
+        """Apply one cycle's tables to the view, then act on it: the same on every rank."""
+        news = False
+        for rank, table in enumerate(tables):
+            if table is None:
+                continue
+            announcements, leaving = table
+            for name, kind, signature, info in announcements:
+                entry = self._view.get(name)
+                if entry is None:
+                    entry = self._view[name] = _Entry(name, kind)
+                entry.sigs[rank] = signature
+                entry.infos[rank] = info
+                if kind == kinds.JOIN:
+                    self._joined[rank] = self._cycle
+                news = True
+            if leaving:
+                self._left.add(rank)
+                news = True
+        executed = self._act()
+        self._active = bool(self._view) and len(self._left) < self.size
+        if executed or news:
+            self._quiet = 0
+        else:
+            self._quiet += 1
+        pace = _PACE_SECONDS if self._quiet < _QUIET_BEFORE_SLOW else _SLOW_PACE_SECONDS
+        self._next_cycle_at = time.monotonic() + (0.0 if executed or news else pace)
+
+    def _act(self) -> bool:
+        acted = False
+        in_play = [r for r in range(self.size) if r not in self._joined]
+        for name, entry in list(self._view.items()):
+            if entry.kind == kinds.JOIN:
+                continue
+            missing = [r for r in in_play if r not in entry.sigs]
+            if missing:
+                gone = [r for r in missing if r in self._left]
+                if gone:
+                    del self._view[name]
+                    acted = True
+                    self._fail_local(name, RankFailedError(gone[0], f"it shut down without submitting "
+                                                                    f"{entry.kind} {name!r}"))
+                continue
+            del self._view[name]
+            acted = True
+            problem = differences(name, entry.kind, entry.sigs)
+            if problem is not None:
+                self._fail_local(name, MismatchError(problem))
+                continue
+            self._execute(entry)
+        if self._joined and len(set(self._joined) | self._left) == self.size:
+            last_cycle = max(self._joined.values())
+            last = max(r for r, c in self._joined.items() if c == last_cycle)
+            for name, entry in list(self._view.items()):
+                if entry.kind == kinds.JOIN:
+                    del self._view[name]
+                    request = self._mine.pop(name, None)
+                    if request is not None:
+                        self._finish_value(request, last)
+            self._joined.clear()
+            acted = True
+        return acted
+
+    # ===== data ======================================================================================
+
+    def _execute(self, entry: _Entry) -> None:
+        from .execute import start  # the collectives proper
+
+        request = self._mine.pop(entry.name, None)
+        try:
+            requests, complete = start(self._channel, entry, request, self.rank, self.size)
+        except HvdPartialError as err:
+            if request is not None:
+                self._finish_error(request, err)
+            return
+        self.executed += 1
+        self._running.append((requests, complete, request))
+
+    def _complete_collectives(self) -> bool:
+        if not self._running:
+            return False
+        still, worked = [], False
+        for item in self._running:
+            requests, complete, request = item
+            if requests and not self._channel.done(requests):
+                still.append(item)
+                continue
+            worked = True
+            if request is None:
+                continue  # a joined rank's share: nothing to hand back
+            try:
+                value = complete()
+                if request.finish is not None:
+                    value = request.finish(value)
+            except HvdPartialError as err:
+                self._finish_error(request, err)
+                continue
+            self._finish_value(request, value)
+        self._running = still
+        return worked
+
+    # ===== outcomes ==================================================================================
+
+    def _fail_local(self, name: str, error: HvdPartialError) -> None:
+        request = self._mine.pop(name, None)
+        if request is not None:
+            self._finish_error(request, error)
+
+    @staticmethod
+    def _finish_value(request: Request, value) -> None:
+        if request.release is not None:
+            request.release()
+        request.handle.set_result(value)
+
+    @staticmethod
+    def _finish_error(request: Request, error: BaseException) -> None:
+        if request.release is not None:
+            request.release()
+        request.handle.set_error(error)
+
+    # ===== stall inspection ===========================================================================
+
+    def _inspect_stalls(self, now: float) -> None:
+        warn_after = self._config.stall_warning_seconds
+        stop_after = self._config.stall_shutdown_seconds
+        if warn_after <= 0 and stop_after <= 0:
+            return
+        in_play = [r for r in range(self.size) if r not in self._joined]
+        for entry in self._view.values():
+            if entry.kind == kinds.JOIN:
+                continue
+            missing = [r for r in in_play if r not in entry.sigs]
+            if not missing:
+                continue
+            age = now - entry.first_seen
+            if warn_after > 0 and age >= warn_after and not entry.warned:
+                entry.warned = True
+                if self.rank == min(entry.sigs):
+                    log.warning("%s %r was submitted by ranks %s %.0f s ago, but ranks %s have not submitted it "
+                                "(stalled: a rank skipped this collective, or named it differently)",
+                                entry.kind, entry.name, sorted(entry.sigs), age, missing)
+            if stop_after > 0 and age >= stop_after and self._fail is not None:
+                from ..observe.stall import StalledRankError
+
+                self._fail(StalledRankError(missing[0], f"{entry.kind} {entry.name!r} waited {age:.0f} s for "
+                                                        f"ranks {missing} (stall_shutdown_seconds={stop_after:g})"))
+                return

@@ -1,0 +1,126 @@
+"""Horovod's process queries and build flags, for ``hvd_partial.torch``.
+
+hvd_partial runs over MPI (mpi4py) only: ``mpi_built()`` and ``mpi_enabled()``
+are True, the other backends' flags False. CUDA tensors work through host
+staging, not through a CUDA-built core, so ``cuda_built()`` and
+``nccl_built()`` are False as well.
+
+Example::
+
+    import hvd_partial.torch as hvd
+
+    hvd.init()
+    if hvd.mpi_threads_supported():
+        ...
+"""
+
+from __future__ import annotations
+
+from .. import api
+from ..collectives.functions import run_on_engine
+from ..errors import ConfigError
+
+
+def mpi_built() -> bool:
+    """True: hvd_partial always runs over MPI."""
+    return True
+
+
+def mpi_enabled() -> bool:
+    """True: MPI is the (only) controller and data path."""
+    return True
+
+
+def mpi_threads_supported() -> bool:
+    """True when MPI granted ``MPI_THREAD_MULTIPLE`` (so your own threads may call MPI too)."""
+    api._require()
+    from mpi4py import MPI
+
+    return api._transport.thread_level >= MPI.THREAD_MULTIPLE
+
+
+def gloo_built() -> bool:
+    return False
+
+
+def gloo_enabled() -> bool:
+    return False
+
+
+def nccl_built() -> bool:
+    """False: reductions run on the host (CUDA tensors are staged through pinned buffers)."""
+    return False
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    """False: the core is not built against CUDA (CUDA tensors are still accepted)."""
+    return False
+
+
+def rocm_built() -> bool:
+    return False
+
+
+def cross_size() -> int:
+    """The number of nodes (processes with the same local rank), assuming
+    every node runs ``local_size()`` ranks, placed node by node."""
+    return api.size() // api.local_size()
+
+
+def cross_rank() -> int:
+    """This process's node index, under the same placement as :func:`cross_size`."""
+    return api.rank() // api.local_size()
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Start writing this rank's Chrome-trace timeline to ``file_path``
+    (``{rank}`` in the name is replaced, else ``.rank<N>`` is added before
+    the suffix; see docs/operations.md). ``mark_cycles`` is accepted for
+    Horovod's signature. Also settable at start-up: ``init(timeline_filename=...)``.
+
+    Example::
+
+        hvd.start_timeline("/tmp/timeline.json")
+    """
+    engine = api._require()
+    if not isinstance(file_path, str) or not file_path:
+        raise ConfigError(f"start_timeline: file_path must be a non-empty str, got {file_path!r}")
+    from ..observe import Observer, Timeline
+
+    def attach():
+        if engine.timeline is not None:
+            raise ConfigError(f"start_timeline: a timeline is already being written ({engine.timeline.path}); "
+                              "call stop_timeline() first")
+        timeline = Timeline(file_path, engine.rank, engine.size)
+        if engine.observer is None:
+            engine.observer = Observer(engine, timeline)
+        else:
+            engine.observer.timeline = timeline
+        engine.timeline = timeline
+
+    run_on_engine(attach)
+
+
+def stop_timeline() -> None:
+    """Stop and close the timeline started by :func:`start_timeline` (or by
+    ``timeline_filename``); does nothing when none is being written."""
+    engine = api._require()
+
+    def detach():
+        timeline = engine.timeline
+        if timeline is None:
+            return
+        engine.timeline = None
+        if engine.observer is not None:
+            engine.observer.timeline = None
+        timeline.close()
+
+    run_on_engine(detach)

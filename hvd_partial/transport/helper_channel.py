@@ -1,0 +1,97 @@
+"""The MPI side of the negotiated helper collectives: every call goes to ONE
+communicator (the transport's ``helpers`` duplicate), whatever the number of
+names, so thousands of helper calls never take an MPI communicator each.
+
+Collectives are started in the same order on every rank (the negotiation
+decides that order); each method returns an MPI request, or a list of them,
+that :meth:`HelperChannel.done` tests. Wake-up notices are tiny
+point-to-point messages on the same communicator (another matching context
+than its collectives, so they never interfere).
+
+Example (engine thread)::
+
+    channel = HelperChannel(transport.helpers, doorbell=transport.doorbell)
+    lengths = np.empty(channel.size, np.int64)
+    request = channel.allgather_counts(np.array([n], np.int64), lengths)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+TAG_WAKE = 21
+
+_OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "product": MPI.PROD}
+
+
+class HelperChannel:
+    """Nonblocking collectives and wake-up notices on one communicator."""
+
+    def __init__(self, comm, doorbell=None):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.doorbell = doorbell
+        self._sends: list = []
+        self._wake_buffer = np.zeros(1, dtype=np.int64)
+
+    @staticmethod
+    def done(requests) -> bool:
+        if isinstance(requests, list):
+            return MPI.Request.Testall(requests)
+        return requests.Test()
+
+    # -- negotiation --------------------------------------------------------------
+
+    def allgather_counts(self, mine: np.ndarray, out: np.ndarray):
+        """Every rank's ``mine`` (one int64) into ``out``."""
+        return self.comm.Iallgather(mine, out)
+
+    def allgather_bytes(self, mine: np.ndarray, out: np.ndarray, counts):
+        """Every rank's bytes, concatenated in rank order (``counts`` bytes each)."""
+        displacements = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        return self.comm.Iallgatherv(mine, [out, list(map(int, counts)), list(map(int, displacements)), MPI.BYTE])
+
+    def wake(self, cycle: int) -> None:
+        """Tell every other rank to join negotiation cycle ``cycle``."""
+        payload = np.array([cycle], dtype=np.int64)
+        for dest in range(self.size):
+            if dest != self.rank:
+                self._sends.append((self.comm.Isend(payload, dest=dest, tag=TAG_WAKE), payload))
+                if self.doorbell is not None:
+                    self.doorbell.ring(dest)
+
+    def wakes(self) -> list[int]:
+        """Cycles that peers asked this rank to join since the last call."""
+        if self._sends:
+            self._sends = [(r, p) for r, p in self._sends if not r.Test()]
+        out = []
+        while self.comm.Iprobe(MPI.ANY_SOURCE, TAG_WAKE):
+            self.comm.Recv(self._wake_buffer, source=MPI.ANY_SOURCE, tag=TAG_WAKE)
+            out.append(int(self._wake_buffer[0]))
+        return out
+
+    # -- data -------------------------------------------------------------------------
+
+    def allreduce(self, send: np.ndarray, recv: np.ndarray, op: str):
+        return self.comm.Iallreduce(send, recv, op=_OPS[op])
+
+    def reduce_scatter(self, send: np.ndarray, recv: np.ndarray, counts, op: str):
+        return self.comm.Ireduce_scatter(send, recv, list(map(int, counts)), op=_OPS[op])
+
+    def broadcast_bytes(self, buffer: np.ndarray, root: int):
+        return self.comm.Ibcast([buffer, MPI.BYTE], root=root)
+
+    def allgather_rows(self, send: np.ndarray, recv: np.ndarray, byte_counts):
+        return self.allgather_bytes(send, recv, byte_counts)
+
+    def alltoall_bytes(self, send: np.ndarray, send_counts, recv: np.ndarray, recv_counts):
+        sdispl = np.concatenate([[0], np.cumsum(send_counts)[:-1]]).astype(np.int64)
+        rdispl = np.concatenate([[0], np.cumsum(recv_counts)[:-1]]).astype(np.int64)
+        return self.comm.Ialltoallv([send, list(map(int, send_counts)), list(map(int, sdispl)), MPI.BYTE],
+                                    [recv, list(map(int, recv_counts)), list(map(int, rdispl)), MPI.BYTE])
+
+    def communicator_handle(self) -> int:
+        """The communicator's MPI handle (for checks that no new one appears)."""
+        return int(MPI._handleof(self.comm))
