@@ -35,7 +35,7 @@ def new_result_path(filename: str) -> str:
 
 
 def save_figure(fig, name: str) -> str:
-    """Write a matplotlib figure to ``results/<name>``, close it, return the path.
+    """Write a matplotlib figure to ``results/new/<name>``, close it, return the path.
 
     Example::
 
@@ -43,7 +43,7 @@ def save_figure(fig, name: str) -> str:
     """
     import matplotlib.pyplot as plt
 
-    path = os.path.join(RESULTS, name)
+    path = new_result_path(name)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
