@@ -39,7 +39,7 @@ from ..modes import Majority, Mode, ReduceOp, Solo, Sync  # noqa: E402
 from ..tensorflow.basics import global_process_set, require_default, require_global  # noqa: E402
 from ..tensorflow.compression import Compression, Compressor  # noqa: E402
 from ..tensorflow import handoff  # noqa: E402
-from ..tensorflow.exchange import GradientExchange, _graph_builder, rank_label  # noqa: E402
+from ..tensorflow.exchange import GradientExchange, _graph_builder, apply_compiled, rank_label  # noqa: E402
 from . import fit_hooks  # noqa: E402
 
 log = logging.getLogger("hvd_partial.keras")
@@ -492,10 +492,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 active = {s.index for s in self._exchange.plan.slots}
                 accumulators = self._accumulators_for(variables, [i in active for i in range(len(variables))])
                 before = self._exchange.updates
-                self._post_accumulated(accumulators, variables)
+                # Compiled, as in a train step (see apply_compiled).
+                tf.function(lambda: self._post_accumulated(accumulators, variables), autograph=False)()
                 applied += self._exchange.updates - before
             rounds = self._exchange.flush(variables)
-            applied += int(rounds.apply_with(self._apply_one, variables))
+            applied += apply_compiled(rounds, self._apply_one, variables, self.__dict__.setdefault("_compiled", {}),
+                                      tuple(id(v) for v in variables))
         except tf.errors.OpError as err:
             self._exchange.reraise(err)
         log.debug("rank %s: flushed %s, %d updates applied", rank_label(), self.stream_name, applied)

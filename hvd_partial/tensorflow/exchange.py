@@ -227,6 +227,34 @@ class RoundGradients:
         return count
 
 
+def apply_compiled(rounds: RoundGradients, update, variables, cache: dict, key) -> int:
+    """Apply ``rounds`` with ``update`` inside a ``tf.function`` (cached in
+    ``cache[key]``): the same ``tf.while_loop`` a traced train step runs.
+    Flushed rounds then go through compiled updates as the others do; applied
+    eagerly, an update can differ in the last bit from its graph version
+    (Adadelta's did), and one rank applies a round in a step where another
+    applies it in a flush. Returns k.
+
+    Example::
+
+        apply_compiled(exchange.flush(variables), optimizer_update, variables, self._compiled, "flush")
+    """
+    if rounds.plan is None:
+        return 0
+    plan = rounds.plan
+    fn = cache.get(key)
+    if fn is None or fn[0] is not plan:
+        spec = [tf.TensorSpec([None, g.size], tf.as_dtype(g.wire)) for g in plan.groups]
+
+        def run(*stacked):
+            return RoundGradients(plan, list(stacked), variables).apply_with(update, variables)
+
+        fn = cache[key] = (plan, tf.function(run, input_signature=spec, autograph=False))
+    if int(rounds.count) == 0:
+        return 0
+    return int(fn[1](*rounds._stacked))
+
+
 class GradientExchange:
     """One fused stream of gradients between ranks.
 

@@ -47,7 +47,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..errors import ConfigError
-from .exchange import GradientExchange, RoundGradients, _graph_builder, rank_label, source_name
+from .exchange import GradientExchange, RoundGradients, _graph_builder, apply_compiled, rank_label, source_name
 
 log = logging.getLogger("hvd_partial.tensorflow")
 
@@ -215,9 +215,13 @@ def consumers(name: str) -> list[tuple]:
     return out
 
 
+_compiled: dict = {}
+
+
 def apply_flush(exchange: GradientExchange, rounds: RoundGradients) -> int:
     """Apply a flush's rounds through the optimizers that applied the
-    stream's hand-outs (eager). Returns k."""
+    stream's hand-outs (eager call; the updates run compiled, as in a step).
+    Returns k."""
     found = consumers(exchange.name)
     k = int(rounds.count)
     if k == 0:
@@ -226,10 +230,16 @@ def apply_flush(exchange: GradientExchange, rounds: RoundGradients) -> int:
         raise ConfigError(f"rank {rank_label()}: flush of stream {exchange.name!r} took {k} rounds but no Keras "
                           "optimizer has applied this stream's gradients; apply "
                           "hvd.flush_gradients(name).apply(optimizer, variables) yourself")
-    owner = next(c for c in __import__("keras").optimizers.Optimizer.__mro__ if "apply" in c.__dict__)
+    import keras
+
+    owner = next(c for c in keras.optimizers.Optimizer.__mro__ if "apply" in c.__dict__)
     original = getattr(owner.__dict__["apply"], "__wrapped_original__", owner.__dict__["apply"])
-    for r in range(k):
-        grads = rounds.round(r)
-        for optimizer, variables, indices in found:
-            original(optimizer, [grads[i] for i in indices], variables)
+    for optimizer, variables, indices in found:
+        def update(grads, _active, optimizer=optimizer, variables=variables, indices=indices):
+            by_source = dict(zip(active_slots, grads))
+            original(optimizer, [by_source[i] for i in indices], variables)
+
+        active_slots = [s.index for s in rounds.plan.slots]
+        apply_compiled(rounds, update, [None] * rounds.plan.count, _compiled,
+                       (exchange.name, id(optimizer), tuple(indices)))
     return k

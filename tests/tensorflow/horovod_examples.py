@@ -58,8 +58,10 @@ EXAMPLES = {
         "--model", "MobileNetV2", "--batch-size", "2", "--num-batches-per-iter", "1", "--num-iters", "2",
         "--no-cuda"],
     "examples/keras/keras_mnist.py": [],
-    "examples/keras/keras_mnist_advanced.py": [],
 }
+# Not run: examples/keras/keras_mnist_advanced.py imports keras.preprocessing.image.ImageDataGenerator,
+# which Keras 3 removed (its data augmentation needs rewriting, beyond an import), and
+# examples/keras/keras_imagenet_resnet50.py (ImageNet from disk, the same ImageDataGenerator).
 
 
 def prepare(source: Path, dest: Path) -> list[str]:

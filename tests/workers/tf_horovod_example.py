@@ -14,7 +14,8 @@ What the harness provides, since the machine has no network and two cores:
 When the script returns, every ``DistributedGradientTape`` stream is flushed
 (``flush_tapes``) and every Keras ``DistributedOptimizer`` flushed; the ranks
 then compare a digest of the trainable weights and optimizer state each
-optimizer updates. Rank 0 prints one line per optimizer; the exit status is 1
+optimizer updates. Rank 0 prints one line per optimizer (with
+``HVD_EXAMPLE_DEBUG=1`` also the variables that differ); the exit status is 1
 if any replica differs. Reports to the test harness when ``HVD_TEST_OUT`` is set.
 """
 
@@ -116,6 +117,10 @@ def main() -> int:
             continue
         flushed = opt.flush()
         digests = hvd.allgather_object(_digest(list(opt._model_variables) + list(opt.variables)))
+        if os.environ.get("HVD_EXAMPLE_DEBUG"):
+            each = hvd.allgather_object([(v.path, _digest([v])) for v in list(opt._model_variables) + list(opt.variables)])
+            if hvd.rank() == 0:
+                print("DIFFER:", [a[0] for a, b in zip(each[0], each[1]) if a[1] != b[1]], flush=True)
         results.append({"what": f"DistributedOptimizer {opt.stream_name} ({opt.mode.kind})",
                         "iterations": int(opt.iterations), "flushed": flushed, "identical": len(set(digests)) == 1})
     if hvd.rank() == 0:
