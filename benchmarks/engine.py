@@ -5,7 +5,7 @@
     bare calls run with no engine (before ``init``); the engine modes are
     interleaved in rotating order, and each figure is the median of many
     samples gathered over several alternating blocks.
-(c) Balanced training steps (DESIGN.md's "step time"): every rank computes
+(c) Balanced training steps (the design's "step time", docs/design.md §8): every rank computes
     the same CPU work (matrix products, about 10 ms with every rank computing
     at once), then reduces a gradient: one array, or 16 arrays as one grouped
     post (what the framework adapters send; bare: packed into one buffer and

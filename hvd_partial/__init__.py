@@ -18,7 +18,8 @@ from .collectives import (ProcessSet, add_process_set, allgather, allgather_asyn
 from .config import Config
 from .core.round_result import RoundResult
 from .engine.handle import Handle
-from .errors import (ConfigError, DuplicateNameError, EngineError, NotSupportedError, HvdPartialError, MismatchError, NotInitializedError, RankFailedError,
+from .errors import (ConfigError, DuplicateNameError, EngineError, HvdPartialError, MismatchError, MpiUnavailableError,
+                     NotInitializedError, NotSupportedError, RankFailedError,
                      StreamConflictError, TooManyStreamsError, UnsupportedInputError)
 from .modes import Adasum, Average, Majority, Max, Min, Product, ReduceOp, Solo, Sum, Sync, mode_from_name
 from .observe.stall import StalledRankError
@@ -36,5 +37,6 @@ __all__ = [
     "remove_process_set", "Min", "Max", "Product", "Adasum", "DuplicateNameError", "NotSupportedError",
     "Sync", "Solo", "Majority", "Average", "Sum", "ReduceOp", "mode_from_name", "RoundResult", "Handle", "Config",
     "HvdPartialError", "NotInitializedError", "ConfigError", "UnsupportedInputError", "StreamConflictError",
-    "MismatchError", "RankFailedError", "StalledRankError", "TooManyStreamsError", "EngineError", "__version__",
+    "MismatchError", "MpiUnavailableError", "RankFailedError", "StalledRankError", "TooManyStreamsError", "EngineError",
+    "__version__",
 ]

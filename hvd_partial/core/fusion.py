@@ -1,8 +1,12 @@
-"""Packing many arrays into few flat buffers (one per dtype) and back.
+"""Packing many arrays into few flat buffers (per dtype, each at most the
+fusion threshold) and back.
 
 A stream of one contiguous array travels as a flat view of it (no copy);
-a grouped stream is packed into one buffer per dtype (one copy), and results
-are unpacked as views of the reduced buffers (no copy).
+a grouped stream is packed into buffers of one dtype each, at most
+``bucket_bytes`` long (``fusion_threshold_bytes``; an array larger than that
+travels alone), and results are unpacked as views of the reduced buffers (no
+copy). Every buffer of a stream belongs to the same rounds: buckets bound the
+size of one MPI call, not what a round contains.
 """
 
 from __future__ import annotations
@@ -42,20 +46,44 @@ class Layout:
     """Shapes and dtypes of the arrays of a stream, and how they are fused."""
 
     entries: tuple  # ((shape, dtype_name), ...)
+    bucket_bytes: int | None = None  # largest fused buffer; None: one buffer per dtype
 
     @classmethod
-    def of(cls, arrays) -> "Layout":
-        return cls(tuple((a.shape, dtype_name(a.dtype)) for a in arrays))
+    def of(cls, arrays, bucket_bytes: int | None = None) -> "Layout":
+        return cls(tuple((a.shape, dtype_name(a.dtype)) for a in arrays), bucket_bytes)
+
+    @property
+    def described(self) -> tuple:
+        """What ranks must agree on: the arrays and how they are bucketed."""
+        return self.entries if self.bucket_bytes is None else (self.entries, ("bucket_bytes", self.bucket_bytes))
 
     # Derived once per layout (the engine asks on every round); cached_property
     # writes the instance dict directly, which a frozen dataclass allows.
     @cached_property
     def groups(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
-        """(dtype, indices of the arrays of that dtype), in order of first use."""
+        """(dtype, indices of the arrays in one buffer): dtypes in order of first
+        use, each split into consecutive buckets of at most ``bucket_bytes``."""
         order: dict[str, list[int]] = {}
         for i, (_, dtype) in enumerate(self.entries):
             order.setdefault(dtype, []).append(i)
-        return tuple((dtype, tuple(idx)) for dtype, idx in order.items())
+        limit = self.bucket_bytes
+        out = []
+        for dtype, idx in order.items():
+            if limit is None:
+                out.append((dtype, tuple(idx)))
+                continue
+            itemsize = np.dtype(dtype).itemsize
+            bucket: list[int] = []
+            filled = 0
+            for i in idx:
+                nbytes = self._sizes[i] * itemsize
+                if bucket and filled + nbytes > limit:
+                    out.append((dtype, tuple(bucket)))
+                    bucket, filled = [], 0
+                bucket.append(i)
+                filled += nbytes
+            out.append((dtype, tuple(bucket)))
+        return tuple(out)
 
     @cached_property
     def _sizes(self) -> tuple[int, ...]:

@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,7 @@ from ..core.rank_stream import Launch, RankStream, Waiter
 from ..errors import (EngineError, HvdPartialError, MismatchError, NotInitializedError, RankFailedError,
                       StreamConflictError, TooManyStreamsError)
 from ..modes import ReduceOp
-from ..transport.mpi import TAG_FAILURE, TAG_FROM_COORDINATOR, TAG_HEARTBEAT, TAG_TO_COORDINATOR
+from ..transport.tags import TAG_FAILURE, TAG_FROM_COORDINATOR, TAG_HEARTBEAT, TAG_TO_COORDINATOR
 from .handle import Handle
 from ..observe.monitor import TAG_STATUS
 from .stats import StatsRecorder
@@ -57,6 +58,9 @@ _NAP_MIN_SECONDS = 5e-5
 # idle engine takes after a wake-up that found nothing, before it sleeps
 # doorbell_poll_ms at a time again.
 _RECHECKS = 5
+# A gap this long between two liveness checks means this process itself did
+# not run (stopped, swapped out, starved): peers' silence then is no evidence.
+_FROZEN_SECONDS = 0.25
 
 
 @dataclass
@@ -147,9 +151,12 @@ class Engine:
         self._pools: dict[int, BufferPool] = {}
         self._local_inbox: deque = deque()  # rank 0: the coordinator's messages to itself
         self._coordinator_inbox: deque = deque()  # rank 0: its own messages to the coordinator
-        # Negotiated helper collectives: submit(request), progress() each step, busy.
-        self._helpers = Negotiator(transport, config, fail=lambda err: self._fail(err, notify=False, local=True))
         self._pending_handles: set[Handle] = set()
+        # Negotiated helper collectives: submit(request), progress() each step, busy.
+        # (A weak reference: a cycle would keep every shut-down engine alive until a full collection.)
+        failing = weakref.WeakMethod(self._fail)
+        self._helpers = Negotiator(transport, config, fail=lambda err: failing()(err, notify=False, local=True),
+                                   pending=self._pending_handles)
         self._reduce_poll = config.reduce_poll_us / 1e6
         self._nap_max = config.idle_poll_ms / 1000.0
         self._rung_unanswered = False  # a nap ended by a ring, and no step found work since
@@ -172,6 +179,7 @@ class Engine:
         self._last_heard = [now] * self.size
         self._next_heartbeat = now
         self._next_liveness_check = now
+        self._last_liveness_check = now
         self._thread = threading.Thread(target=self._run, name=f"hvd_partial-engine-{self.rank}", daemon=True)
 
     # ===== compute-thread side =====================================================
@@ -526,15 +534,14 @@ class Engine:
             self._to_flush = {sid for sid in self._by_id} - self._flushed
             self._helpers.shutdown()
             return
-        if isinstance(cmd, HelperCommand):
-            self._helpers.submit(cmd.request)
-            return
         self._pending_handles.add(cmd.handle)
         try:
             if isinstance(cmd, PostCommand):
                 self._post(cmd)
             elif isinstance(cmd, FlushCommand):
                 self._flush(cmd)
+            elif isinstance(cmd, HelperCommand):
+                self._helpers.submit(cmd.request)
             else:  # pragma: no cover
                 raise EngineError(f"unknown command {cmd!r}")
         except HvdPartialError as err:
@@ -599,7 +606,11 @@ class Engine:
         elif tag == TAG_FROM_COORDINATOR:
             self._from_coordinator(message)
         elif tag == TAG_FAILURE:
-            self._fail(RankFailedError(message.rank, message.reason), notify=False)
+            if message.rank == self.rank:  # the others gave up on this rank (it was stopped, say)
+                self._fail(RankFailedError(self.rank, f"declared failed by rank {source}: {message.reason}"),
+                           notify=False)
+            else:
+                self._fail(RankFailedError(message.rank, message.reason), notify=False)
         elif tag == TAG_HEARTBEAT:
             pass
         elif tag == TAG_STATUS:
@@ -778,6 +789,12 @@ class Engine:
         if now < self._next_liveness_check:
             return
         self._next_liveness_check = now + 0.01
+        gap = now - self._last_liveness_check
+        self._last_liveness_check = now
+        if gap > _FROZEN_SECONDS:
+            # Count only the silence this rank saw while it ran: a rank that was
+            # stopped and resumed must not blame the peers it could not hear.
+            self._last_heard = [min(now, heard + gap) for heard in self._last_heard]
         if self.observer is not None:
             self.observer.tick()
         if now >= self._next_heartbeat:
@@ -807,8 +824,10 @@ class Engine:
             origin = getattr(error, "rank", self.rank)
             if not isinstance(error, RankFailedError) or error.rank is None:
                 origin = self.rank
+            # The accused rank is told too: if it was only stopped, it learns on
+            # resuming that it is the one that failed instead of blaming a peer.
             for dest in range(self.size):
-                if dest != self.rank and dest != getattr(error, "rank", None):
+                if dest != self.rank:
                     try:
                         self.transport.send(dest, TAG_FAILURE, Failure(origin, reason))
                     except Exception:  # noqa: BLE001 - best effort towards a broken peer

@@ -16,7 +16,7 @@ Example::
 
 from __future__ import annotations
 
-from .. import api
+from .. import api, session
 from ..collectives.functions import run_on_engine
 from ..errors import ConfigError
 
@@ -33,10 +33,10 @@ def mpi_enabled() -> bool:
 
 def mpi_threads_supported() -> bool:
     """True when MPI granted ``MPI_THREAD_MULTIPLE`` (so your own threads may call MPI too)."""
-    api._require()
+    transport = session.require().transport
     from mpi4py import MPI
 
-    return api._transport.thread_level >= MPI.THREAD_MULTIPLE
+    return transport.thread_level >= MPI.THREAD_MULTIPLE
 
 
 def gloo_built() -> bool:
@@ -90,7 +90,7 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
 
         hvd.start_timeline("/tmp/timeline.json")
     """
-    engine = api._require()
+    engine = session.require().engine
     if not isinstance(file_path, str) or not file_path:
         raise ConfigError(f"start_timeline: file_path must be a non-empty str, got {file_path!r}")
     from ..observe import Observer, Timeline
@@ -112,7 +112,7 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
 def stop_timeline() -> None:
     """Stop and close the timeline started by :func:`start_timeline` (or by
     ``timeline_filename``); does nothing when none is being written."""
-    engine = api._require()
+    engine = session.require().engine
 
     def detach():
         timeline = engine.timeline

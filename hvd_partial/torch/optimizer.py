@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 import hvd_partial as _core
+from .. import session as _session
 from ..collectives.process_sets import check_process_set, global_process_set
 from ..core.round_result import RoundResult
 from ..errors import ConfigError, HvdPartialError, MismatchError, UnsupportedInputError
@@ -83,8 +84,8 @@ def _rank() -> int | str:
         return _core.rank()
     except HvdPartialError:
         # The engine failed (another rank raised first): the rank is still known.
-        transport = _core.api._transport
-        return transport.rank if transport is not None else "?"
+        current = _session.current()
+        return current.transport.rank if current is not None else "?"
 
 
 def _facts(result: RoundResult) -> RoundResult:
@@ -96,7 +97,8 @@ class DistributedOptimizer:
     """Wrap ``optimizer`` so that ``step()`` reduces gradients across ranks with
     a partial (or synchronous) allreduce and applies every round's result.
 
-    Arguments (Horovod's, plus ``mode``, ``max_staleness`` and ``name``):
+    Arguments (Horovod's, in Horovod's order, plus keyword-only ``mode``,
+    ``max_staleness`` and ``name``):
 
     - ``optimizer``: any ``torch.optim.Optimizer`` whose ``step()`` needs no
       closure (SGD, Adam, AdamW, RMSprop, ...). It stays reachable as ``.optimizer``.
@@ -110,8 +112,13 @@ class DistributedOptimizer:
       Gradients are summed over the passes (scale the loss to average them).
     - ``max_staleness``: bound in rounds for solo and majority (default: the
       ``max_staleness`` given to ``init``).
-    - ``sparse_as_dense``: reduce sparse gradients as dense tensors (otherwise
-      a sparse gradient raises ``UnsupportedInputError``).
+    - ``sparse_as_dense``: reduce sparse gradients as dense tensors. Otherwise
+      sync mode allgathers them (Horovod's way) and solo/majority raise
+      ``UnsupportedInputError``.
+    - ``gradient_predivide_factor``, ``num_groups``, ``groups``: Horovod's,
+      checked; they do not change the result (the average is the same, and
+      every gradient already travels in one fused post).
+    - ``process_set``: only ``global_process_set``.
     - ``name``: the stream's name; by default the n-th wrapped optimizer of the
       process is ``torch.DistributedOptimizer.n`` (wrap in the same order on
       every rank).

@@ -43,10 +43,6 @@ def wire_dtype(dtype: torch.dtype, what: str = "tensor") -> torch.dtype:
                                 f"reduce; supported: {supported}")
 
 
-def numpy_dtype(dtype: torch.dtype) -> np.dtype:
-    return np.dtype(_NATIVE[wire_dtype(dtype)])
-
-
 class HostStaging:
     """Staging of a fixed list of tensors (slot ``i`` is always the same tensor's
     role, e.g. one parameter's gradient) between their devices and the host.

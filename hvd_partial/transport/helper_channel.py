@@ -51,7 +51,8 @@ class HelperChannel:
     def allgather_bytes(self, mine: np.ndarray, out: np.ndarray, counts):
         """Every rank's bytes, concatenated in rank order (``counts`` bytes each)."""
         displacements = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-        return self.comm.Iallgatherv(mine, [out, list(map(int, counts)), list(map(int, displacements)), MPI.BYTE])
+        return self.comm.Iallgatherv([mine, MPI.BYTE],
+                                     [out, list(map(int, counts)), list(map(int, displacements)), MPI.BYTE])
 
     def wake(self, cycle: int) -> None:
         """Tell every other rank to join negotiation cycle ``cycle``."""

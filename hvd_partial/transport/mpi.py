@@ -21,12 +21,8 @@ from .doorbell import Doorbell
 
 log = logging.getLogger("hvd_partial.transport")
 
-TAG_TO_COORDINATOR = 11
-TAG_FROM_COORDINATOR = 12
-TAG_HEARTBEAT = 13
-TAG_FAILURE = 14
-# Messages an idle engine must act on at once: its doorbell is rung after them.
-_URGENT_TAGS = frozenset({TAG_TO_COORDINATOR, TAG_FROM_COORDINATOR, TAG_FAILURE})
+from .tags import TAG_FAILURE, TAG_FROM_COORDINATOR, TAG_HEARTBEAT, TAG_TO_COORDINATOR  # noqa: F401 - re-exported
+from .tags import URGENT_TAGS as _URGENT_TAGS
 # Sends that had not completed when their transport was freed (after a failure,
 # or a peer that never took them): kept alive for the life of the process.
 _UNFINISHED_SENDS: list = []
@@ -115,14 +111,10 @@ class MpiTransport:
         while True:
             handle = self.control.improbe(MPI.ANY_SOURCE, MPI.ANY_TAG, self._status)
             if handle is None:
-                # A probe matches what earlier progress brought in, and only
-                # then makes progress itself, one part of the shared-memory
-                # queues at a time: MPICH showed a message that had just
-                # arrived only to the 2nd probe on 2 ranks, the 3rd on 3 to 4,
-                # the 4th on 6 to 8, the 5th on 12 (ceil(log2(size)) misses).
-                # A rung engine that stopped at the first miss woke for
-                # nothing in half its wake-ups. (Looking twice on every
-                # receive, rung or not, made solo posts 5% slower.)
+                # A probe matches only what earlier progress brought in (MPICH
+                # needs about log2(size) probes to show a message that just
+                # arrived), so a rung engine looks again; an unrung one does
+                # not, which would slow every receive.
                 probes -= 1
                 if out or probes <= 0:
                     return out
@@ -184,7 +176,3 @@ class MpiTransport:
                 comm.Free()
             except MPI.Exception:  # pragma: no cover - freeing after a failure
                 pass
-
-    @staticmethod
-    def library_version() -> str:
-        return MPI.Get_library_version().strip().splitlines()[0]

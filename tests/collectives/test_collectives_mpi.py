@@ -164,3 +164,10 @@ def test_many_names_keep_communicators_and_memory_flat(tmp_path):
     assert len({s["free_communicators"] for s in result["samples"]}) == 1
     assert result["samples"][0]["free_communicators"] > 1000  # the probe measured something
     assert result["problems"] == []
+
+
+def test_a_name_pending_when_a_peer_shuts_down_fails_naming_it():
+    result = run_mpi("collectives_cases.py", 2, "left", timeout=60)
+    assert result.results[0] == {"shut_down": True}
+    rep = result.results[1]
+    assert rep["rank"] == 0 and "shut down without submitting allreduce 'orphan'" in rep["error"]

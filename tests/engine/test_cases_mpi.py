@@ -102,6 +102,33 @@ def test_shut_down_engines_are_freed_without_the_garbage_collector():
         assert rep["alive_after_shutdown"] == 0, f"rank {rank}: {rep['alive_after_shutdown']} engines outlived shutdown"
 
 
+def test_init_after_shutdown_starts_a_fresh_session():
+    nprocs = 3
+    res = run_mpi("engine_cases.py", nprocs, "reinit")
+    for rank, rep in res.results.items():
+        assert rep["first"] == [0] and rep["first_tau"] == 3
+        assert rep["between"].startswith("NotInitializedError") and "after shutdown()" in rep["between"]
+        assert rep["session_dropped"] and rep["new_session"] and rep["second_tau"] == 5
+        # Same name, new shape, dtype and mode: accepted, rounds counted from 0 again.
+        assert rep["second"] == [[0, [2.0 * nprocs] * 3], [1, [2.0 * nprocs] * 3]], rep["second"]
+        assert rep["stats_rounds"] == 2 and rep["rank"] == rank
+
+
+def test_fusion_threshold_splits_a_grouped_stream_into_buckets_that_take_the_same_rounds():
+    nprocs = 3
+    res = run_mpi("engine_cases.py", nprocs, "fusion_buckets", 1024)
+    rounds = None
+    for rank, rep in res.results.items():
+        assert rep["conserved"] == [True] * 5, f"rank {rank}: a contribution was lost or doubled"
+        # 1 KiB: float32 arrays of 1 KiB each travel alone; float64 300+500 elements too.
+        assert rep["buckets"] == [[0], [1], [3], [2], [4]], rep["buckets"]
+        assert rounds is None or rep["rounds"] == rounds  # every rank took the same rounds, every bucket in each
+        rounds = rep["rounds"]
+    big = run_mpi("engine_cases.py", nprocs, "fusion_buckets", 64 << 20)
+    for rep in big.results.values():
+        assert rep["conserved"] == [True] * 5 and rep["buckets"] == [[0, 1, 3], [2, 4]]
+
+
 def test_doorbells_wake_idle_engines_at_once():
     """Idle engines sleep doorbell_poll_ms (with doorbells) or idle_poll_ms
     (without; both 300 ms here) at a time;

@@ -33,11 +33,40 @@ def test_rank_stopped_mid_reduction_is_named_by_every_survivor_and_cleaned_up():
     word = token()
     res = run_mpi("launch_faults.py", 3, "stop_mid_round", word, timeout=60, expect_success=False)
     assert res.returncode != 0
-    assert sorted(res.results) == [0, 2], res.tail()
-    for rep in res.results.values():
+    survivors = {rank: rep for rank, rep in res.results.items() if rank != 1}
+    assert sorted(survivors) == [0, 2], res.tail()
+    for rep in survivors.values():
         assert rep["failed_rank"] == 1 and "no message from it" in rep["error"]
         assert 2.5 < rep["seconds"] < 10  # failure_timeout_seconds=3
+    # Open MPI resumes (SIGCONT) the stopped rank before killing it: if it got
+    # to report, it must name itself, never a healthy peer.
+    if 1 in res.results:
+        assert res.results[1]["failed_rank"] == 1, res.results[1]
+        assert "declared failed by rank" in res.results[1]["error"], res.results[1]
     assert res.elapsed < 30
+    assert_no_leftovers(word)
+
+
+def test_a_stopped_rank_resumed_after_its_peers_gave_up_names_itself():
+    word = token()
+    res = run_mpi("launch_faults.py", 3, "stop_resume_after_failure", word, timeout=90, expect_success=False)
+    assert res.returncode != 0
+    assert sorted(res.results) == [0, 1, 2], res.tail()
+    for rank in (0, 2):
+        assert res.results[rank]["failed_rank"] == 1, res.results[rank]
+        assert "no message from it" in res.results[rank]["error"]
+    resumed = res.results[1]
+    assert resumed["failed_rank"] == 1, resumed
+    assert "declared failed by rank" in resumed["error"] and "no message from it" in resumed["error"], resumed
+    assert_no_leftovers(word)
+
+
+def test_a_rank_frozen_past_its_own_failure_timeout_blames_nobody_and_loses_nothing():
+    word = token()
+    nprocs = 3
+    res = run_mpi("launch_faults.py", nprocs, "stop_and_resume", word, timeout=120)
+    for rank, rep in res.results.items():
+        assert rep["total"] == [1.0] * (nprocs * 12), (rank, rep["total"])
     assert_no_leftovers(word)
 
 

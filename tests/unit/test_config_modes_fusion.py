@@ -119,3 +119,35 @@ def test_poll_settings_are_validated():
     with pytest.raises(ConfigError, match="doorbell_poll_ms must be > 0"):
         load_config(environ={"HVD_PARTIAL_DOORBELL_POLL_MS": "0"})
     assert load_config({"doorbell_poll_ms": 5}, environ={"HVD_PARTIAL_DOORBELL_POLL_MS": "50"}).doorbell_poll_ms == 5
+
+
+def test_fusion_threshold_bounds_every_fused_buffer():
+    rng = np.random.default_rng(3)
+    arrays = [rng.random(n).astype(d) for n, d in
+              [(300, np.float32), (300, np.float32), (50, np.float64), (2000, np.float32), (300, np.float32),
+               (10, np.float64), (200, np.float64)]]
+    limit = 2048  # bytes: two 300-float32 arrays (2400 B) do not fit together
+    layout = Layout.of(arrays, bucket_bytes=limit)
+    buffers, owned = layout.pack(arrays)
+    sizes = layout.sizes()
+    assert len(buffers) == len(layout.groups) > 2
+    for (dtype, idx), buf, mine in zip(layout.groups, buffers, owned):
+        assert buf.dtype == np.dtype(dtype)
+        assert buf.nbytes <= limit or len(idx) == 1, (idx, buf.nbytes)  # a larger array travels alone
+        assert buf.size == sum(sizes[i] for i in idx) and mine == (len(idx) > 1)
+    # Every array is in exactly one bucket, in order within its dtype.
+    placed = sorted(i for _, idx in layout.groups for i in idx)
+    assert placed == list(range(len(arrays)))
+    for back, a in zip(layout.unpack(buffers), arrays):
+        assert back.shape == a.shape and np.array_equal(back, a)
+    # Unbounded: one buffer per dtype, as before; the bound is part of what ranks must agree on.
+    assert len(Layout.of(arrays).groups) == 2
+    assert Layout.of(arrays).described != layout.described
+
+
+def test_fusion_threshold_comes_from_horovod_variable_and_cli(monkeypatch):
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "4096")
+    assert load_config().fusion_threshold_bytes == 4096
+    monkeypatch.setenv("HVD_PARTIAL_FUSION_THRESHOLD_BYTES", "8192")
+    assert load_config().fusion_threshold_bytes == 8192  # our own variable wins over Horovod's
+    assert load_config({"fusion_threshold_bytes": 1024}).fusion_threshold_bytes == 1024  # explicit wins

@@ -23,6 +23,21 @@ def expect(exc_type, fn, *args, **kwargs):
     raise AssertionError(f"{fn.__name__} did not raise {exc_type.__name__}")
 
 
+def local_stream(name):
+    """This rank's protocol state of stream ``name`` (read-only, to wait on its progress)."""
+    return hvd.session.current().engine._streams[name]
+
+
+def wait_until(condition, what, limit=60.0):
+    """Wait for a condition of the engine's state; the test's timeout names a rank stuck here."""
+    phase(f"waiting for {what}")
+    deadline = time.monotonic() + limit
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"rank {hvd.rank()}: {what} never came")
+        time.sleep(0.001)
+
+
 if case == "before_init":
     out = {"post": expect(hvd.NotInitializedError, hvd.partial_allreduce, np.ones(2), "x"),
            "rank": expect(hvd.NotInitializedError, hvd.rank)}
@@ -125,10 +140,20 @@ elif case == "local_misuse":
     out["int_avg"] = expect(hvd.UnsupportedInputError, hvd.partial_allreduce, np.ones(4, np.int64), "i")
     out["bad_mode"] = expect(TypeError, hvd.partial_allreduce, np.ones(4), "m", mode="solo")
     out["bad_tau"] = expect(hvd.ConfigError, hvd.partial_allreduce, np.ones(4), "t", max_staleness=-1)
-    handle = hvd.partial_allreduce_async(np.ones(4), "grads")
-    second = hvd.partial_allreduce_async(np.ones(4), "grads")
-    out["double_post"] = expect(hvd.StreamConflictError, hvd.synchronize, second)
-    hvd.synchronize(handle)
+    # One outstanding post per stream, checked in turns on a sync stream: its
+    # round cannot complete (and end the first post) while the other rank
+    # holds back its own post.
+    hvd.partial_allreduce(np.ones(4), "dbl", mode=hvd.Sync())  # registered on both ranks
+    for turn in range(2):
+        if hvd.rank() == turn:
+            handle = hvd.partial_allreduce_async(np.ones(4), "dbl", mode=hvd.Sync())
+            second = hvd.partial_allreduce_async(np.ones(4), "dbl", mode=hvd.Sync())
+            out["double_post"] = expect(hvd.StreamConflictError, hvd.synchronize, second)
+            MPI.COMM_WORLD.send(None, dest=1 - turn, tag=78)
+            hvd.synchronize(handle)
+        else:
+            MPI.COMM_WORLD.recv(source=turn, tag=78)
+            hvd.partial_allreduce(np.ones(4), "dbl", mode=hvd.Sync())
     out["flush_unknown"] = expect(hvd.StreamConflictError, hvd.flush, "never-posted")
     hvd.flush("grads")
     report(out)
@@ -261,16 +286,23 @@ elif case == "sync_uneven":
     rank = hvd.rank()
     got = [r for _ in range(3) for r in hvd.partial_allreduce(np.ones(2), "g", mode=hvd.Sync(), op=hvd.Sum)]
     out = {"rounds": [r.round for r in got]}
+    stream = local_stream("g")
     try:
         if rank == 0:
-            if timing == "in_flight":
-                time.sleep(0.5)
+            if timing == "in_flight":  # flush once every other rank has started its round 3
+                for peer in range(1, hvd.size()):
+                    MPI.COMM_WORLD.recv(source=peer, tag=77)
             got += hvd.flush("g")
         else:
-            if timing == "late":
-                time.sleep(0.5)
-            out["extra"] = expect(hvd.MismatchError, hvd.partial_allreduce, np.ones(2), "g", mode=hvd.Sync(),
-                                  op=hvd.Sum)
+            if timing == "late":  # post once rank 0's flush is known on this rank
+                wait_until(lambda: stream.flush_begun is not None, "rank 0's flush notice")
+                out["extra"] = expect(hvd.MismatchError, hvd.partial_allreduce, np.ones(2), "g", mode=hvd.Sync(),
+                                      op=hvd.Sum)
+            else:
+                handle = hvd.partial_allreduce_async(np.ones(2), "g", mode=hvd.Sync(), op=hvd.Sum)
+                wait_until(lambda: stream.started == 4, "this rank's round 3")
+                MPI.COMM_WORLD.send(None, dest=0, tag=77)
+                out["extra"] = expect(hvd.MismatchError, hvd.synchronize, handle)
             got += hvd.flush("g")  # the way out once refused: flush like rank 0
         out["rounds"] = [r.round for r in got]
         out["summed"] = np.sum([r.array for r in got], axis=0)
@@ -292,9 +324,58 @@ elif case == "no_leak":
         hvd.init()
         hvd.partial_allreduce(np.ones(1 << 16, np.float32), "solo", mode=hvd.Solo())
         hvd.partial_allreduce(np.ones(1 << 16, np.float32), "sync", mode=hvd.Sync())
-        engines.append(weakref.ref(hvd.api._engine))
+        engines.append(weakref.ref(hvd.session.current().engine))
         hvd.shutdown()
     report({"alive_after_shutdown": sum(ref() is not None for ref in engines)})
+
+elif case == "reinit":
+    # init -> shutdown -> init: the second run starts from nothing (a stream
+    # name may come back with other settings; config and stats are the new run's).
+    out = {}
+    hvd.init(max_staleness=3)
+    first = hvd.session.current()
+    out["first"] = [r.round for r in hvd.partial_allreduce(np.ones(4), "s", mode=hvd.Solo(), op=hvd.Sum)]
+    out["first_tau"] = hvd.config().max_staleness
+    hvd.shutdown()
+    out["between"] = expect(hvd.NotInitializedError, hvd.rank)
+    out["session_dropped"] = hvd.session.current() is None
+    hvd.init(max_staleness=5)
+    out["new_session"] = hvd.session.current() is not first
+    out["second_tau"] = hvd.config().max_staleness
+    got = [hvd.partial_allreduce(np.full(3, 2.0, np.float32), "s", mode=hvd.Sync(), op=hvd.Sum) for _ in range(2)]
+    out["second"] = [[r.round, r.array.tolist()] for rounds in got for r in rounds]
+    out["stats_rounds"] = hvd.stats()["s"]["rounds"]
+    out["rank"] = hvd.rank()
+    hvd.shutdown()
+    report(out)
+
+elif case == "fusion_buckets":
+    # A grouped solo stream whose fused buffers are bounded by a small
+    # fusion_threshold_bytes: several MPI buffers, one stream, so every
+    # bucket takes the same rounds; ranks out of step lose nothing.
+    hvd.init(fusion_threshold_bytes=int(sys.argv[2]))
+    rank, size = hvd.rank(), hvd.size()
+    shapes = [(256,), (64, 4), (300,), (16,), (500,)]
+    dtypes = [np.float32, np.float32, np.float64, np.float32, np.float64]
+    posted = [np.zeros(s, d) for s, d in zip(shapes, dtypes)]
+    taken = [np.zeros(s, d) for s, d in zip(shapes, dtypes)]
+    rounds = []
+    for step in range(10):
+        time.sleep(0.003 * ((rank + step) % size))  # out of step: stale and fresh contributions mix
+        arrays = [np.full(s, float(rank + 1 + step + i), d) for i, (s, d) in enumerate(zip(shapes, dtypes))]
+        for acc, a in zip(posted, arrays):
+            acc += a
+        rounds += hvd.synchronize(hvd.grouped_partial_allreduce_async(arrays, "fused", mode=hvd.Solo(), op=hvd.Sum))
+    rounds += hvd.flush("fused")
+    for r in rounds:
+        for acc, a in zip(taken, r.arrays):
+            acc += a
+    everyone = [np.asarray(MPI.COMM_WORLD.allreduce(p)) for p in posted]
+    layout_groups = hvd.session.current().engine._streams["fused"].layout.groups
+    report({"conserved": [bool(np.array_equal(t, e)) for t, e in zip(taken, everyone)],
+            "buckets": [list(idx) for _, idx in layout_groups],
+            "rounds": [(r.round, [float(a.sum()) for a in r.arrays]) for r in rounds]})
+    hvd.shutdown()
 
 elif case == "doorbell":
     # Only rank 1 posts to a solo stream; the other engines are idle, polling
@@ -303,7 +384,7 @@ elif case == "doorbell":
     # others' next poll unless their doorbells wake them.
     hvd.init(idle_poll_ms=float(sys.argv[2]), doorbell_poll_ms=float(sys.argv[2]))
     rank = hvd.rank()
-    engine = hvd.api._engine
+    engine = hvd.session.current().engine
     waits = []
     if rank == 1:
         hvd.partial_allreduce(np.ones(4), "bell", mode=hvd.Solo())  # registration
@@ -328,7 +409,7 @@ elif case == "wakeups":
     # idle_poll_ms, 2 s here, at a time). A wake-up lost at the edge between
     # spinning and sleeping would cost a post the rest of a 2 s sleep.
     hvd.init(idle_poll_ms=2000.0, doorbell_poll_ms=2000.0)
-    spin = hvd.api._engine.config.spin_us / 1e6
+    spin = hvd.session.current().engine.config.spin_us / 1e6
     gaps = [0.0, spin / 2, spin * 0.9, spin, spin * 1.1, spin * 2, 1e-3, 5e-3, 0.03]
     order = np.random.default_rng(7).permutation(np.repeat(np.arange(len(gaps)), 12))  # same on every rank
     hvd.partial_allreduce(np.ones(4), "w", mode=hvd.Sync())
@@ -371,7 +452,7 @@ elif case == "large_rounds":
     report({"sync_same": sync_same, "conserved": [bool(float(m.sum()) == float(e)) for m, e in zip(mine, everyone)],
             "uniform": [bool((m == m.flat[0]).all()) for m in mine], "digests": digests,
             "stale": int(sum(sum(v > 0 for v in r.staleness.values()) for r in rounds)),
-            "poll": hvd.api._engine.config.reduce_poll_us})
+            "poll": hvd.session.current().engine.config.reduce_poll_us})
     hvd.shutdown()
 
 elif case == "rung_receive":

@@ -17,6 +17,24 @@ import hvd_partial as hvd
 case = sys.argv[1]
 
 
+def wait_for_report(rank, limit=30.0):
+    """Wait until ``rank`` has reported (the test's timeout covers a rank that never does)."""
+    path = os.path.join(os.environ["HVD_TEST_OUT"], f"rank{rank}.json")
+    deadline = time.monotonic() + limit
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def wait_until_stopped(pid):
+    """Wait until process ``pid`` is in the stopped state."""
+    while True:
+        with open(f"/proc/{pid}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+        if state in ("T", "t"):
+            return
+        time.sleep(0.01)
+
+
 def failed(err, started):
     return {"error": str(err), "failed_rank": err.rank, "type": type(err).__name__,
             "seconds": time.monotonic() - started}
@@ -41,6 +59,57 @@ if case in ("kill_mid_round", "stop_mid_round"):
     except hvd.RankFailedError as err:
         report(failed(err, started))
         raise
+
+elif case == "stop_resume_after_failure":
+    # Rank 1 freezes; ranks 0 and 2 declare it failed. Rank 0 then resumes it
+    # and waits for its report: the resumed rank must name itself, not blame
+    # a peer that went quiet after giving up on it.
+    hvd.init(failure_timeout_seconds=2, heartbeat_seconds=0.25)
+    rank = hvd.rank()
+    pids = hvd.allgather_object(os.getpid())
+    started = time.monotonic()
+    phase("posting")
+    try:
+        for step in range(10000):
+            if rank == 1 and step == 3:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            hvd.partial_allreduce(np.ones(1024, np.float32), "small", mode=hvd.Solo())
+        report({"error": None})
+    except hvd.RankFailedError as err:
+        report(failed(err, started))
+        if rank == 0:
+            os.kill(pids[1], signal.SIGCONT)
+            phase("waiting for the resumed rank's report")
+            wait_for_report(1)
+        raise
+
+elif case == "stop_and_resume":
+    # Rank 1 is frozen (by rank 0) for longer than its own failure timeout
+    # but well within the others': once resumed it must blame nobody, and
+    # every post is summed exactly once.
+    from mpi4py import MPI
+
+    world_rank = MPI.COMM_WORLD.Get_rank()
+    hvd.init(failure_timeout_seconds=1.5 if world_rank == 1 else 60, heartbeat_seconds=0.2)
+    rank, size = hvd.rank(), hvd.size()
+    pids = hvd.allgather_object(os.getpid())
+    posts = 12
+    total = np.zeros(size * posts)
+    phase("posting")
+    for step in range(posts):
+        if rank == 0 and step == 4:
+            os.kill(pids[1], signal.SIGSTOP)
+            wait_until_stopped(pids[1])
+            time.sleep(3.0)  # the freeze itself, not an ordering: twice rank 1's 1.5 s timeout
+            os.kill(pids[1], signal.SIGCONT)
+        x = np.zeros(size * posts)
+        x[rank * posts + step] = 1.0
+        for result in hvd.partial_allreduce(x, "s", mode=hvd.Solo(), op=hvd.Sum):
+            total += result.array
+    for result in hvd.flush("s"):
+        total += result.array
+    report({"total": total.tolist()})
+    hvd.shutdown()
 
 elif case == "raise":
     hvd.init(failure_timeout_seconds=30)

@@ -2,6 +2,7 @@
 chosen by the first argument. Slow ranks sleep; nothing spins."""
 
 import logging
+import os
 import sys
 import time
 
@@ -13,6 +14,14 @@ import hvd_partial as hvd
 from hvd_partial.observe import StalledRankError
 
 case = sys.argv[1]
+
+
+def wait_for_report(rank, limit=30.0):
+    """Wait until ``rank`` has reported (the test's timeout covers a rank that never does)."""
+    path = os.path.join(os.environ["HVD_TEST_OUT"], f"rank{rank}.json")
+    deadline = time.monotonic() + limit
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
 logging.basicConfig(stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 
 
@@ -36,9 +45,14 @@ if case == "report":
     hvd.init(report_seconds=0.4, log_level="INFO")
     rank = hvd.rank()
     phase("posting")
-    posts = steps_for(2.0, rank, 2, 0.04, 0.004, "grads", mode)
-    time.sleep(0.3)  # let the last statuses arrive
-    stats = hvd.stats()["grads"]
+    posts = steps_for(2.0, rank, 2, 0.1, 0.004, "grads", mode)  # slow: 25x the fast ranks' compute
+    # Wait for a status from every rank (they come every report_seconds).
+    deadline = time.monotonic() + 30
+    while True:
+        stats = hvd.stats()["grads"]
+        if all(p is not None for p in stats["posts_by_rank"]) or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
     report({"posts": posts, "stats": stats})
     hvd.shutdown()
 
@@ -90,8 +104,8 @@ elif case == "stall_shutdown":
     except StalledRankError as err:
         report({"error": str(err), "type": type(err).__name__, "rank": err.rank,
                 "is_rank_failed": isinstance(err, hvd.RankFailedError), "seconds": time.monotonic() - started})
-    if rank != 1:
-        time.sleep(4.5)  # let rank 1 wake up and report before the job ends
+    if rank != 1:  # the job ends when a rank exits: wait for rank 1's report first
+        wait_for_report(1)
     sys.exit(3)
 
 elif case == "deadlock":

@@ -1,0 +1,86 @@
+"""The one object that holds a process's hvd_partial state between ``init()``
+and ``shutdown()``.
+
+``init()`` creates a :class:`Session`; ``shutdown()`` drops it, so a later
+``init()`` starts from nothing. Framework adapters keep their own per-run
+state here too (:meth:`Session.adapter_state`), never in module globals, so
+that it cannot outlive the run it belongs to.
+
+Example::
+
+    from hvd_partial import session
+
+    s = session.require()          # NotInitializedError before init()
+    print(s.transport.rank, s.config.max_staleness)
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .config import Config
+from .errors import NotInitializedError
+
+
+@dataclass
+class Session:
+    """State of one ``init()`` ... ``shutdown()`` run of this process.
+
+    - ``engine``: the background engine (its thread, streams and rounds).
+    - ``transport``: the MPI transport the engine runs on (rank, size, placement).
+    - ``config``: the configuration in effect.
+    - ``signatures``: per stream name, the settings of its first post on this
+      rank and the rank (a later post with other settings is refused locally).
+    - ``pack_pools``: per grouped stream, the buffers its fused posts are packed into.
+    - ``adapters``: state of the framework adapters, by adapter name.
+    """
+
+    engine: Any
+    transport: Any
+    config: Config
+    signatures: dict = field(default_factory=dict)
+    pack_pools: dict = field(default_factory=dict)
+    adapters: dict[str, Any] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def adapter_state(self, name: str, make: Callable[[], Any]) -> Any:
+        """The state object of adapter ``name`` in this session, made by ``make()`` on first use."""
+        with self.lock:
+            state = self.adapters.get(name)
+            if state is None:
+                state = self.adapters[name] = make()
+            return state
+
+
+_current: Session | None = None
+_ended = False  # a session existed and was shut down (for clearer errors)
+
+
+def current() -> Session | None:
+    """The running session, or None before ``init()`` and after ``shutdown()``."""
+    return _current
+
+
+def begin(session: Session) -> None:
+    global _current, _ended
+    _current, _ended = session, False
+
+
+def end() -> None:
+    global _current, _ended
+    if _current is not None:
+        _current, _ended = None, True
+
+
+def require() -> Session:
+    """The running session; raises the engine's failure if it failed, else
+    :class:`NotInitializedError` before ``init()`` or after ``shutdown()``."""
+    s = _current
+    if s is None or not s.engine.running:
+        if s is not None and s.engine.failure is not None:
+            raise s.engine.failure
+        when = "after shutdown()" if _ended else "before init()"
+        raise NotInitializedError(f"hvd_partial was called {when}; call hvd_partial.init() first")
+    return s
