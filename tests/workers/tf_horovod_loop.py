@@ -71,7 +71,6 @@ def conservation(rank, size):
     offset = sum(steps[:rank])
     w = tf.Variable(tf.zeros([width], tf.float64), name="w")
     opt = keras.optimizers.SGD(1.0)
-    rng = np.random.default_rng(rank)
 
     @tf.function
     def step(x):
