@@ -24,7 +24,8 @@
     per step) and a zero-overhead replay of the same schedule through the same
     protocol code with free communication.
 
-Prints one table (rank 0) and writes it to benchmarks/results/engine.json.
+Prints one table (rank 0) and writes it to benchmarks/results/new/engine.json (git ignores it; copy
+it over benchmarks/results/engine.json to publish).
 """
 
 from __future__ import annotations
@@ -279,8 +280,12 @@ def main():
                  "for ResNet-50 on 64 GPUs")
     text = "\n".join(lines)
     print(text, flush=True)
-    os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
-    with open(os.path.join(os.path.dirname(__file__), "results", "engine.json"), "w") as fh:
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from result_files import new_result_path
+
+    with open(new_result_path("engine.json"), "w") as fh:
         json.dump({"balanced_seconds": table, "step_seconds": steps, "imbalance": {str(k): v for k, v in imbs.items()}, "args": vars(args), "table": text}, fh, indent=1,
                   default=float)
 

@@ -24,7 +24,8 @@ barrier) after which rank 0 evaluates; evaluation time is not counted.
     python benchmarks/paper_accuracy.py                 # 4 ranks, 3 seeds, both tasks (~8 minutes)
     python benchmarks/paper_accuracy.py --quick         # a smoke run
 
-Writes benchmarks/results/paper_accuracy.{json,md} and paper_accuracy_*.png.
+Writes benchmarks/results/new/paper_accuracy.{json,md} and paper_accuracy_*.png (git ignores new/;
+copy them over the published files in benchmarks/results/ to publish).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
+sys.path.insert(0, HERE)
+from result_files import new_result_path  # noqa: E402
 for path in (ROOT, HERE):
     if path not in sys.path:
         sys.path.insert(0, path)
@@ -386,7 +389,7 @@ def plots(runs: list[dict], summary: dict, args) -> list[str]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    path = os.path.join(RESULTS, args.out + "_curves.png")
+    path = new_result_path(args.out + "_curves.png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return [path]
@@ -468,9 +471,9 @@ def write_outputs(runs, summary, args, info, command):
               f"{__import__('torch').__version__}; load average {info['loadavg_at_start'][0]:.2f} at start, "
               f"{info['loadavg_at_end'][0]:.2f} at end; wall time {info['wall_seconds']:.0f} s.\n\n")
     print(text)
-    with open(os.path.join(RESULTS, args.out + ".md"), "w") as fh:
+    with open(new_result_path(args.out + ".md"), "w") as fh:
         fh.write(header + text + "\n")
-    with open(os.path.join(RESULTS, args.out + ".json"), "w") as fh:
+    with open(new_result_path(args.out + ".json"), "w") as fh:
         json.dump({"command": command.strip(), "args": vars(args), "machine": info, "summary": summary, "runs": runs},
                   fh, indent=1)
     for path in plots(runs, summary, args):

@@ -30,7 +30,8 @@ script
     python benchmarks/paper_scale.py --skip-calibration    # reuse the fitted model
     python benchmarks/paper_scale.py --quick               # a smoke run
 
-Writes benchmarks/results/paper_scale.{json,md}, paper_scale_network.json and
+Writes to benchmarks/results/new/ (git ignores it; copy over benchmarks/results/ to publish)
+paper_scale.{json,md}, paper_scale_network.json and
 paper_scale_{validation,projection}.png.
 """
 
@@ -59,7 +60,7 @@ from hvd_partial.core.messages import Start  # noqa: E402
 from hvd_partial.sim import NetworkModel, random_delays, simulate  # noqa: E402
 from hvd_partial.sim.cluster import ClusterSimulator  # noqa: E402
 from hvd_partial.sim.network import fit_linear, fit_reduce, nonnegative_least_squares  # noqa: E402
-from result_files import save_figure  # noqa: E402
+from result_files import new_result_path, save_figure  # noqa: E402
 
 TOLERANCE = 0.15
 CAL_SIZES_BYTES = [4, 64 * 1024, 1 << 20, 4 << 20]
@@ -511,6 +512,8 @@ def main(argv=None):
         calibration = calibrate([int(x) for x in args.sizes.split(",")], args.iters, args.gap_ms / 1000, args.timeout,
                                 args.nbytes)
         calibration["machine"] = info
+        if os.path.dirname(os.path.abspath(net_path)) == RESULTS:
+            net_path = new_result_path(os.path.basename(net_path))  # never over a published file
         with open(net_path, "w") as fh:
             json.dump(calibration, fh, indent=1)
     net = NetworkModel.from_dict(calibration["network"])
@@ -566,9 +569,9 @@ def main(argv=None):
               projection_table(proj, args)]
     text = "\n".join(lines)
     print(text)
-    with open(os.path.join(RESULTS, args.out + ".md"), "w") as fh:
+    with open(new_result_path(args.out + ".md"), "w") as fh:
         fh.write(text + "\n")
-    with open(os.path.join(RESULTS, args.out + ".json"), "w") as fh:
+    with open(new_result_path(args.out + ".json"), "w") as fh:
         json.dump({"command": command.strip(), "args": vars(args), "machine": info, "network": net.to_dict(),
                    "validation": val, "validation_summary": summary, "projection": proj}, fh, indent=1)
     for path in plots(val, proj, args):

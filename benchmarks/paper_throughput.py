@@ -25,7 +25,8 @@ code (the ceiling any implementation of the rules could reach), which
     python benchmarks/paper_throughput.py            # full run, ~5 minutes
     python benchmarks/paper_throughput.py --quick    # a smoke run, ~1 minute
 
-Writes benchmarks/results/paper_throughput.{json,md} and paper_throughput_*.png.
+Writes benchmarks/results/new/paper_throughput.{json,md} and paper_throughput_*.png (git ignores
+new/; copy them over the published files in benchmarks/results/ to publish).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ if ROOT not in sys.path:
 from hvd_partial.modes import Majority, Solo, Sync  # noqa: E402
 from hvd_partial.sim import NetworkModel, persistent_straggler, simulate  # noqa: E402
 from hvd_partial.sim.replay import sleeper_schedule  # noqa: E402
-from result_files import save_figure  # noqa: E402
+from result_files import new_result_path, save_figure  # noqa: E402
 
 MODES = ["sync", "solo", "majority", "majority_q"]
 MODE_LABELS = {"sync": "sync", "solo": "solo", "majority": "majority", "majority_q": "majority q=P/2"}
@@ -380,9 +381,9 @@ def main(argv=None):
               f"{info['mpi']}; load average at start {info['loadavg_at_start'][0]:.2f}, at end "
               f"{info['loadavg_at_end'][0]:.2f}; wall time {info['wall_seconds']:.0f} s.\n\n")
     print(text)
-    with open(os.path.join(RESULTS, args.out + ".md"), "w") as fh:
+    with open(new_result_path(args.out + ".md"), "w") as fh:
         fh.write(header + text + "\n")
-    with open(os.path.join(RESULTS, args.out + ".json"), "w") as fh:
+    with open(new_result_path(args.out + ".json"), "w") as fh:
         json.dump({"command": command.strip(), "args": vars(args), "machine": info, "rows": rows}, fh, indent=1)
     for path in plots(rows, args, args.out):
         print("wrote", os.path.relpath(path, ROOT))

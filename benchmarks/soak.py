@@ -11,7 +11,8 @@ init), after a warm-up, every 1,000 rounds, and at the end.
 Run::
 
     mpiexec -n 4 python benchmarks/soak.py --rounds 10000
-    # writes benchmarks/results/soak.json; exit status 1 if memory grew or a post was lost
+    # writes benchmarks/results/new/soak.json; exit status 1 if memory grew or a post was lost
+    # --out benchmarks/results/soak.json replaces the published result
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ import time
 import numpy as np
 
 import hvd_partial as hvd
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from result_files import new_result_path  # noqa: E402
 
 
 def rss_mib() -> float:
@@ -51,7 +55,9 @@ def main() -> int:
     p.add_argument("--sync-every", type=int, default=100, help="a sync post and a helper every N rounds")
     p.add_argument("--warmup", type=int, default=1000, help="rounds before the reference RSS")
     p.add_argument("--max-growth-mib", type=float, default=8.0, help="allowed RSS growth after warm-up")
-    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "soak.json"))
+    p.add_argument("--out", default=None,
+                   help="result file (default benchmarks/results/new/soak.json; the published one is never "
+                        "overwritten unless named here)")
     args = p.parse_args()
 
     hvd.init()
@@ -129,8 +135,9 @@ def main() -> int:
     }
     summary["memory_flat"] = max(growth) <= args.max_growth_mib
     print(json.dumps(summary, indent=2))
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as fh:
+    out = args.out or new_result_path("soak.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as fh:
         json.dump(summary, fh, indent=2)
     ok = summary["memory_flat"] and not lost and summary["sync_stream_ok"]
     print("soak:", "PASS" if ok else "FAIL", file=sys.stderr)

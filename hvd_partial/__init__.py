@@ -8,7 +8,7 @@ Example::
     results = hvd.partial_allreduce(grad, "grads", mode=hvd.Solo())
 """
 
-from .api import (allgather_object, allreduce, barrier, broadcast, broadcast_object, config, default_mode, flush,
+from .api import (allgather_object, allreduce, barrier, broadcast, broadcast_object, config, default_mode, flush, flush_async,
                   grouped_partial_allreduce_async, init, is_initialized, local_rank, local_size, partial_allreduce,
                   partial_allreduce_async, poll, rank, shutdown, size, stats, stream_options, synchronize)
 from .collectives import (ProcessSet, add_process_set, allgather, allgather_async, allgather_object_async,
@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "config",
     "partial_allreduce_async", "grouped_partial_allreduce_async", "partial_allreduce", "poll", "synchronize",
-    "flush", "default_mode", "stream_options", "allreduce", "broadcast", "broadcast_object", "allgather_object",
+    "flush", "flush_async", "default_mode", "stream_options", "allreduce", "broadcast", "broadcast_object", "allgather_object",
     "barrier", "stats",
     "allreduce_async", "grouped_allreduce", "grouped_allreduce_async", "allgather", "allgather_async",
     "broadcast_async", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "broadcast_object_async",

@@ -91,6 +91,24 @@ def mpi_info() -> dict:
     return info
 
 
+def launcher_info(environ=None) -> dict:
+    """What started this process, from the environment: Slurm, horovodrun, an MPI launcher."""
+    environ = os.environ if environ is None else environ
+    out = {}
+    if "SLURM_JOB_ID" in environ:
+        out["slurm"] = {"job_id": environ["SLURM_JOB_ID"], "ntasks": environ.get("SLURM_NTASKS"),
+                        "procid": environ.get("SLURM_PROCID"), "nodelist": environ.get("SLURM_JOB_NODELIST"),
+                        "step": "SLURM_STEP_ID" in environ}
+    if "HOROVOD_RANK" in environ or "HOROVOD_SIZE" in environ:
+        out["horovodrun"] = {"rank": environ.get("HOROVOD_RANK"), "size": environ.get("HOROVOD_SIZE"),
+                             "controller": environ.get("HOROVOD_CONTROLLER", "")}
+    for name, key in (("open_mpi", "OMPI_COMM_WORLD_RANK"), ("hydra", "PMI_RANK"), ("pmix", "PMIX_RANK")):
+        if key in environ:
+            out["mpi_launcher"] = {"kind": name, "rank": environ[key]}
+            break
+    return out
+
+
 def config_info() -> dict:
     from .config import load_config
     from .config_env import config_sources
@@ -105,7 +123,7 @@ def gather(quick: bool = False) -> dict:
 
     config = config_info()  # first: a malformed setting fails before the slow framework imports
     return {"hvd_partial": __version__, "python": sys.version.split()[0], "platform": platform.platform(),
-            "mpi": mpi_info(), "frameworks": framework_info(quick), "config": config}
+            "mpi": mpi_info(), "launcher": launcher_info(), "frameworks": framework_info(quick), "config": config}
 
 
 def _print_text(info: dict) -> None:
@@ -118,6 +136,24 @@ def _print_text(info: dict) -> None:
     print(f"  thread level  {mpi['thread_level']} ({ok})")
     print(f"  mpiexec       {mpi.get('mpiexec') or mpi.get('mpiexec_error')}"
           + (f" ({mpi['mpiexec_flavor']})" if mpi.get("mpiexec") else ""))
+    launcher = info.get("launcher") or {}
+    print("Launcher:")
+    if not launcher:
+        print("  none detected (started directly, or by an mpiexec that sets none of the variables looked for)")
+    slurm = launcher.get("slurm")
+    if slurm:
+        where = "inside an srun step" if slurm["step"] else "in an allocation, outside srun"
+        print(f"  Slurm         job {slurm['job_id']}, {slurm['ntasks'] or '?'} tasks, nodes {slurm['nodelist']}, "
+              f"{where}; run with: srun --mpi=pmi2 -n N python train.py (MPICH; pmix for Open MPI), "
+              "or hvd-partial-run -np N inside the allocation")
+    horovodrun = launcher.get("horovodrun")
+    if horovodrun:
+        print(f"  horovodrun    rank {horovodrun['rank']} of {horovodrun['size']}"
+              + (f" ({horovodrun['controller']})" if horovodrun["controller"] else "")
+              + "; hvd_partial needs MPI: horovodrun --mpi")
+    mpi_launcher = launcher.get("mpi_launcher")
+    if mpi_launcher:
+        print(f"  MPI launcher  {mpi_launcher['kind']}, rank {mpi_launcher['rank']}")
     print("Frameworks:")
     for label, entry in info["frameworks"].items():
         if entry["importable"] is True:

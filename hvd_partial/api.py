@@ -63,6 +63,9 @@ def init(comm=None, **config) -> None:
             return
         cfg = load_config(config)
         logging.getLogger("hvd_partial").setLevel(cfg.log_level.upper())
+        from .launch.logs import ensure_handler
+
+        ensure_handler(cfg.log_level)  # INFO reports show even where the script configured no logging
         try:
             from .transport.mpi import MpiTransport  # MPI is imported only when needed
         except ImportError as err:
@@ -206,6 +209,19 @@ def synchronize(handle: Handle):
             return handle.value()
         raise NotInitializedError("synchronize() after shutdown() on a handle that never completed")
     return current.engine.wait(handle)
+
+
+def flush_async(name: str) -> Handle:
+    """Start the collective flush of stream ``name`` and return a handle at
+    once; ``synchronize`` gives its rounds. Flushes of several streams started
+    together run together (ranks may start them in different orders).
+
+    Example::
+
+        handles = [hvd.flush_async(n) for n in ("a", "b")]
+        results = [hvd.synchronize(h) for h in handles]
+    """
+    return _require().submit_flush(name)
 
 
 def flush(name: str) -> list[RoundResult]:

@@ -18,20 +18,30 @@ Example::
 from .backend import KerasBackendError
 
 # Each module below checks the Keras backend when it is imported.
-from .. import (Average, ConfigError, EngineError, HvdPartialError, Majority, MismatchError,  # noqa: E402
+from .. import (Average, ConfigError, DuplicateNameError, EngineError, NotSupportedError, HvdPartialError, Majority, MismatchError,  # noqa: E402
                 NotInitializedError, RankFailedError, Solo, StreamConflictError, Sum, Sync, UnsupportedInputError,
-                barrier, config, init, is_initialized, local_rank, local_size, rank, shutdown, size, stats)
-from ..tensorflow import (Compression, allgather_object, allreduce, broadcast, broadcast_object,  # noqa: E402
-                          broadcast_variables)
+                barrier, config, is_initialized, local_rank, local_size, rank, shutdown, size, stats)
+from ..modes import Adasum, Max, Min, Product  # noqa: E402
+from ..tensorflow import (Compression, ProcessSet, add_process_set, allgather_object, broadcast_object,  # noqa: E402
+                          broadcast_variables, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                          global_process_set, gloo_built, gloo_enabled, init, is_homogeneous, mpi_built,
+                          mpi_enabled, mpi_threads_supported, nccl_built, remove_process_set, rocm_built,
+                          start_timeline, stop_timeline)
 from . import callbacks  # noqa: E402
+from .functions import allgather, allreduce, broadcast, broadcast_global_variables, reducescatter  # noqa: E402
 from .optimizer import DistributedOptimizer  # noqa: E402
 from .saving import load_model  # noqa: E402
 
 __all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "config", "barrier", "stats",
-    "Sync", "Solo", "Majority", "Average", "Sum",
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
+    "is_homogeneous", "config", "barrier", "stats",
+    "Sync", "Solo", "Majority", "Average", "Sum", "Min", "Max", "Product", "Adasum",
     "DistributedOptimizer", "callbacks", "load_model", "Compression",
-    "allreduce", "broadcast", "broadcast_variables", "broadcast_object", "allgather_object",
+    "allreduce", "allgather", "broadcast", "reducescatter", "broadcast_variables", "broadcast_global_variables",
+    "broadcast_object", "allgather_object",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built",
+    "ccl_built", "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
     "HvdPartialError", "NotInitializedError", "ConfigError", "UnsupportedInputError", "StreamConflictError",
-    "MismatchError", "RankFailedError", "EngineError", "KerasBackendError",
+    "MismatchError", "RankFailedError", "EngineError", "NotSupportedError", "DuplicateNameError", "KerasBackendError",
 ]

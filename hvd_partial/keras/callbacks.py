@@ -30,6 +30,7 @@ import tensorflow as tf  # noqa: E402
 
 import hvd_partial as _core  # noqa: E402
 from ..errors import ConfigError  # noqa: E402
+from ..tensorflow.basics import require_default  # noqa: E402
 from ..tensorflow.functions import broadcast_variables  # noqa: E402
 from .optimizer import DistributedOptimizer  # noqa: E402
 
@@ -116,6 +117,12 @@ class FlushCallback(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._dirty = True
+        self.lr_after_step = None  # callbacks may set the rate before the epoch's first step
+
+    def on_train_batch_end(self, batch, logs=None):
+        optimizer = self._optimizer()
+        if optimizer is not None and optimizer.mode.kind != "sync":
+            self.lr_after_step = float(optimizer.learning_rate)
 
     def on_test_begin(self, logs=None):
         # Inside fit, validation runs before on_epoch_end: flush first. A
@@ -134,41 +141,98 @@ class FlushCallback(keras.callbacks.Callback):
             optimizer._fit_flushes_epochs = False
 
 
+class LearningRateGuard(keras.callbacks.Callback):
+    """Last in ``fit``'s callback list (added with the :class:`FlushCallback`):
+    in solo and majority mode, fails if a callback changed the learning rate
+    between two steps of an epoch. Ranks apply a round at different local
+    batches, so a rate set per local batch would make the replicas differ;
+    round-driven callbacks (``LearningRateScheduleCallback``,
+    ``LearningRateWarmupCallback``) set it inside the step instead, and changes
+    at epoch boundaries (after the epoch flush) are fine."""
+
+    def __init__(self, flush: FlushCallback):
+        super().__init__()
+        self._flush = flush
+
+    def on_train_batch_begin(self, batch, logs=None):
+        before = getattr(self._flush, "lr_after_step", None)
+        if before is None:
+            return
+        optimizer = _distributed_optimizer(self.model, "LearningRateGuard", required=False)
+        if optimizer is None or optimizer.mode.kind == "sync":
+            return
+        now = float(optimizer.learning_rate)
+        if now != before:
+            raise ConfigError(
+                f"rank {_core.rank()}: a callback changed the learning rate from {before:g} to {now:g} before batch "
+                f"{batch}, in the middle of an epoch; in {optimizer.mode.kind} mode ranks apply a round at different "
+                "local batches, so the replicas would differ. Use hvd.callbacks.LearningRateScheduleCallback / "
+                "LearningRateWarmupCallback (set per update inside the step), a keras.optimizers.schedules "
+                "schedule, changes at epoch boundaries only, or mode=Sync()")
+
+
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """At the start of training, copy ``root_rank``'s model weights and
-    optimizer variables to every rank (Horovod's callback). Ranks whose models
-    differ in shape fail with ``MismatchError``.
+    optimizer variables to every rank (Horovod's callback; Horovod does it
+    after the first batch, here it happens before the first post, or after
+    the first batch for a model that has no weights before its first step). Variables
+    in ``local_variables`` (or registered with ``register_local_var``) are
+    left alone. ``device`` is accepted at its default only. Ranks whose
+    models differ in shape fail with ``MismatchError``.
 
     Example::
 
         model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
     """
 
-    def __init__(self, root_rank: int = 0):
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables=None):
         super().__init__()
+        require_default("BroadcastGlobalVariablesCallback", device=(device, ""))
         self.root_rank = root_rank
+        self.device = device
         self.broadcast_done = False
+        self._local_vars = {id(v) for v in (local_variables or [])}
 
-    def on_train_begin(self, logs=None):
-        if self.broadcast_done:
-            return
+    def register_local_var(self, var) -> None:
+        """Leave ``var`` out of the broadcast (a worker-local variable)."""
+        self._local_vars.add(id(var))
+
+    def _broadcast(self) -> None:
         variables = list(self.model.weights)
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None and getattr(optimizer, "built", False):
             variables += list(optimizer.variables)
-        broadcast_variables(variables, root_rank=self.root_rank)
+        broadcast_variables([v for v in variables if id(v) not in self._local_vars], root_rank=self.root_rank)
         self.broadcast_done = True
+
+    def on_train_begin(self, logs=None):
+        # A model built without an input shape has no weights until its first
+        # step: then broadcast after that step, as Horovod always does (its
+        # first post was round 0, which every rank takes alone, so the ranks
+        # are identical from the broadcast on).
+        if not self.broadcast_done and self.model.weights:
+            self._broadcast()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.broadcast_done:
+            self._broadcast()
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
     """Average the epoch's metrics (``logs``) over all ranks at the end of
     every epoch, so that every rank reports and acts on the same values. Put it
     before callbacks that read metrics (early stopping, checkpoints).
+    ``device`` is accepted at its default only.
 
     Example::
 
         callbacks = [hvd.callbacks.MetricAverageCallback(), keras.callbacks.EarlyStopping()]
     """
+
+    def __init__(self, device: str = ""):
+        super().__init__()
+        require_default("MetricAverageCallback", device=(device, ""))
+        self.device = device
 
     def on_epoch_end(self, epoch, logs=None):
         if not logs:
@@ -182,61 +246,179 @@ class MetricAverageCallback(keras.callbacks.Callback):
             logs[key] = float(value)
 
 
-class LearningRateWarmupCallback(keras.callbacks.Callback):
-    """Gradual learning-rate warmup driven by rounds, not local steps: update
-    r (the r-th round applied, identical on every rank) uses
-    ``initial_lr * (start + (1 - start) * r / warmup_rounds)`` until
-    ``r = warmup_rounds``; later updates keep ``initial_lr`` (or whatever other
-    callbacks set). ``start`` defaults to ``1 / size()`` as in Horovod.
+def _steps_per_epoch(callback, given):
+    if given:
+        return given
+    params = callback.params or {}
+    if params.get("steps"):
+        return params["steps"]
+    if params.get("samples") and params.get("batch_size"):
+        return params["samples"] // params["batch_size"]
+    raise ConfigError(f"{type(callback).__name__}: cannot tell the number of steps per epoch; pass steps_per_epoch=")
 
-    The rate is set inside the train step before each of the k updates, so
-    ranks that catch up several rounds at once use the same rates as the
-    others. ``warmup_epochs`` converts with ``steps_per_epoch`` (default: the
-    steps of an epoch in ``fit``). Needs a ``DistributedOptimizer`` whose inner
-    optimizer has a float learning rate.
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Horovod's schedule: from ``start_epoch`` until ``end_epoch`` (exclusive),
+    the learning rate is ``initial_lr * multiplier(epoch)``; ``multiplier`` is
+    a function of the epoch or a number (then ``multiplier ** (epoch -
+    start_epoch)``). With ``staircase=True`` the epoch is fit's epoch number;
+    with ``staircase=False`` it is fractional: ``epoch + u / steps_per_epoch``
+    for the u-th update applied in the epoch.
+
+    With a ``DistributedOptimizer`` the rate is set inside the train step
+    before each update, from the update count (identical on every rank) and
+    the epoch (the same on every rank, whose updates the epoch flush closes),
+    so a rank catching up several rounds applies them with the same rates as
+    the others: replicas stay identical in every mode. Horovod sets the rate
+    at each local batch instead, which would make partial-mode replicas
+    differ. Horovod's ``momentum_correction`` is accepted and not applied
+    (Keras 3 compiles the momentum into the train step).
 
     Example::
 
+        hvd.callbacks.LearningRateScheduleCallback(initial_lr=0.1, multiplier=0.1, start_epoch=30, end_epoch=60)
+    """
+
+    def __init__(self, initial_lr, multiplier, start_epoch: int = 0, end_epoch: int | None = None,
+                 staircase: bool = True, momentum_correction: bool = True, steps_per_epoch: int | None = None):
+        super().__init__()
+        if initial_lr is None:
+            raise ConfigError("LearningRateScheduleCallback: initial_lr is required")
+        self.initial_lr = float(initial_lr)
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier ** (epoch - start_epoch))
+        self.current_epoch = None
+        self._epoch_start_update = 0
+        self._optimizer = None
+
+    def rate(self, update: int):
+        """The rate of update ``update`` in the current epoch, or None outside the schedule."""
+        epoch = self.current_epoch
+        if epoch is None or epoch < self.start_epoch or (self.end_epoch is not None and epoch >= self.end_epoch):
+            return None
+        if self.staircase:
+            return self.initial_lr * self.multiplier(epoch)
+        return self.initial_lr * self.multiplier(epoch + (update - self._epoch_start_update) / self.steps_per_epoch)
+
+    def on_train_begin(self, logs=None):
+        if not self.staircase:
+            self.steps_per_epoch = _steps_per_epoch(self, self.steps_per_epoch)
+        optimizer = _distributed_optimizer(self.model, type(self).__name__, required=False)
+        if optimizer is not None:
+            optimizer.add_round_lr_rule(self.rate)
+        self._optimizer = optimizer
+
+    def on_train_end(self, logs=None):
+        if self._optimizer is not None:
+            self._optimizer.remove_round_lr_rule(self.rate)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.current_epoch = epoch
+        # After the previous epoch's flush: the same count on every rank.
+        self._epoch_start_update = int(self.model.optimizer.iterations)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._optimizer is None:
+            # A plain optimizer: every rank takes one step per batch, as in Horovod.
+            rate = self.rate(int(self.model.optimizer.iterations))
+            if rate is not None:
+                self.model.optimizer.learning_rate = rate
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["lr"] = float(self.model.optimizer.learning_rate)
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Horovod's gradual warmup: over the first ``warmup_epochs`` the rate
+    grows from ``initial_lr / size()`` to ``initial_lr``, update by update
+    (Horovod's formula, with the fractional epoch of
+    :class:`LearningRateScheduleCallback`, so replicas stay identical in
+    every mode).
+
+    hvd_partial's own variant, ``warmup_rounds=n``, is driven by the global
+    update count r alone: update r uses
+    ``initial_lr * (start + (1 - start) * r / n)`` until ``r = n``
+    (``start`` defaults to ``1 / size()``).
+
+    Example::
+
+        hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.1, warmup_epochs=3, verbose=1)
         hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.1, warmup_rounds=500)
     """
 
-    def __init__(self, initial_lr: float, warmup_rounds: int | None = None, warmup_epochs: float | None = None,
-                 steps_per_epoch: int | None = None, start: float | None = None, verbose: int = 0):
-        super().__init__()
-        if warmup_rounds is not None and warmup_epochs is not None:
-            raise ConfigError("give warmup_rounds or warmup_epochs, not both")
+    def __init__(self, initial_lr, warmup_epochs: float = 5, momentum_correction: bool = True,
+                 steps_per_epoch: int | None = None, verbose: int = 0, *, warmup_rounds: int | None = None,
+                 start: float | None = None):
         if warmup_rounds is not None and (not isinstance(warmup_rounds, int) or warmup_rounds < 1):
             raise ConfigError(f"warmup_rounds must be an int >= 1, got {warmup_rounds!r}")
-        self.initial_lr = float(initial_lr)
+
+        def multiplier(epoch):
+            size = _core.size()
+            epoch += 1.0 / self.steps_per_epoch
+            return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
+
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs, staircase=False,
+                         momentum_correction=momentum_correction, steps_per_epoch=steps_per_epoch)
+        self.warmup_epochs = warmup_epochs
         self.warmup_rounds = warmup_rounds
-        self.warmup_epochs = 5 if warmup_rounds is None and warmup_epochs is None else warmup_epochs
-        self.steps_per_epoch = steps_per_epoch
         self.start = start
         self.verbose = verbose
 
     def on_train_begin(self, logs=None):
-        optimizer = _distributed_optimizer(self.model, "LearningRateWarmupCallback")
-        rounds = self.warmup_rounds
-        if rounds is None:
-            steps = self.steps_per_epoch or (self.params or {}).get("steps")
-            if not steps:
-                raise ConfigError("LearningRateWarmupCallback: warmup_epochs needs steps_per_epoch (fit does not "
-                                  "know the epoch length); or pass warmup_rounds")
-            rounds = max(1, int(round(self.warmup_epochs * steps)))
+        if self.warmup_rounds is None:
+            return super().on_train_begin(logs)
+        optimizer = _distributed_optimizer(self.model, "LearningRateWarmupCallback(warmup_rounds=...)")
         start = 1.0 / _core.size() if self.start is None else float(self.start)
-        initial, span = self.initial_lr, float(rounds)
+        initial, span = self.initial_lr, float(self.warmup_rounds)
 
         def schedule(r):
             return initial * (start + (1.0 - start) * r / span)
 
-        optimizer.set_round_lr_schedule(schedule, until_round=rounds)
-        self.warmup_rounds_used = rounds
+        optimizer.set_round_lr_schedule(schedule, until_round=self.warmup_rounds)
+        self.warmup_rounds_used = self.warmup_rounds
+        self._optimizer = optimizer
+
+    def rate(self, update: int):
+        # warmup_rounds: the rate is set by the optimizer's round schedule alone.
+        return None if self.warmup_rounds is not None else super().rate(update)
 
     def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
         if self.verbose:
-            optimizer = _distributed_optimizer(self.model, "LearningRateWarmupCallback")
             log.info("rank %d epoch %d: learning rate %.6g after %d updates", _core.rank(), epoch,
-                     float(optimizer.learning_rate), int(optimizer.iterations))
+                     float(self.model.optimizer.learning_rate), int(self.model.optimizer.iterations))
+
+
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Horovod's callback: a ``ModelCheckpoint`` that keeps only the best
+    model (``save_best_only=True``). Horovod's has no ``filepath`` argument
+    (its Spark estimator sets it); set ``filepath=`` here or the attribute
+    before training. With a ``DistributedOptimizer`` the epoch flush runs
+    first, so every rank would save the same model: add it on rank 0 only.
+
+    Example::
+
+        if hvd.rank() == 0:
+            callbacks.append(hvd.callbacks.BestModelCheckpoint(monitor="val_loss", filepath="best.keras"))
+    """
+
+    def __init__(self, monitor: str = "val_loss", verbose: int = 0, save_weights_only: bool = False,
+                 mode: str = "auto", save_freq="epoch", *, filepath: str | None = None):
+        placeholder = "best.weights.h5" if save_weights_only else "best.keras"
+        super().__init__(filepath=filepath or placeholder, monitor=monitor, verbose=verbose, save_best_only=True,
+                         save_weights_only=save_weights_only, mode=mode, save_freq=save_freq)
+        if filepath is None:
+            self.filepath = None
+
+    def on_train_begin(self, logs=None):
+        if not self.filepath:
+            raise ConfigError("BestModelCheckpoint has no filepath: pass filepath= or set .filepath before fit")
+        super().on_train_begin(logs)
 
 
 class ParticipationReportCallback(keras.callbacks.Callback):

@@ -74,3 +74,11 @@ def _attach(callback_list, model) -> None:
         flush.set_params(callback_list.params)
     # First, so that later callbacks (checkpoints, metric averaging) see flushed weights.
     callback_list.callbacks.insert(0, flush)
+    from .callbacks import LearningRateGuard
+
+    guard = LearningRateGuard(flush)
+    guard.set_model(model)
+    if getattr(callback_list, "params", None):
+        guard.set_params(callback_list.params)
+    # Last: it sees the rate every other callback left before the step.
+    callback_list.callbacks.append(guard)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
+
 from .backend import require_tensorflow_backend
 
 require_tensorflow_backend()
@@ -34,8 +36,10 @@ import tensorflow as tf  # noqa: E402
 import hvd_partial as _core  # noqa: E402
 from ..errors import ConfigError, MismatchError, UnsupportedInputError  # noqa: E402
 from ..modes import Majority, Mode, ReduceOp, Solo, Sync  # noqa: E402
+from ..tensorflow.basics import global_process_set, require_default, require_global  # noqa: E402
 from ..tensorflow.compression import Compression, Compressor  # noqa: E402
-from ..tensorflow.exchange import GradientExchange, _graph_builder, rank_label  # noqa: E402
+from ..tensorflow import handoff  # noqa: E402
+from ..tensorflow.exchange import GradientExchange, _graph_builder, apply_compiled, rank_label  # noqa: E402
 from . import fit_hooks  # noqa: E402
 
 log = logging.getLogger("hvd_partial.keras")
@@ -85,6 +89,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     - ``name``: the optimizer's name; its stream is ``"keras." + name``
       (``distributed_<inner name>`` by default: create optimizers in the same
       order on every rank).
+    - ``device_dense``, ``device_sparse``, ``gradient_predivide_factor``,
+      ``num_groups``, ``groups``, ``process_set``, ``scale_local_gradients``,
+      ``use_locking``: Horovod's, accepted at their default values only
+      (``ConfigError`` otherwise).
 
     ``iterations`` is the inner optimizer's: the number of updates applied,
     identical on every rank, so learning-rate schedules of the inner optimizer
@@ -98,15 +106,23 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         model.compile(optimizer=opt, loss="mse")
     """
 
-    def __init__(self, optimizer, mode: Mode | None = None, op: ReduceOp = _core.Average,
-                 compression: Compressor = Compression.none, backward_passes_per_step: int = 1,
-                 average_aggregated_gradients: bool = False, max_staleness: int | None = None,
-                 sparse_as_dense: bool = False, name: str | None = None, **kwargs):
+    def __init__(self, optimizer, name: str | None = None, device_dense: str = "", device_sparse: str = "",
+                 compression: Compressor = Compression.none, sparse_as_dense: bool = False,
+                 gradient_predivide_factor: float = 1.0, op: ReduceOp = _core.Average,
+                 backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False, num_groups: int = 0,
+                 groups=None, process_set=global_process_set, scale_local_gradients: bool = True,
+                 use_locking: bool = False, *, mode: Mode | None = None, max_staleness: int | None = None, **kwargs):
         if kwargs:
             raise ConfigError(
-                f"DistributedOptimizer does not support argument(s) {', '.join(sorted(kwargs))}; supported: mode, "
-                "op, compression, backward_passes_per_step, average_aggregated_gradients, max_staleness, "
-                "sparse_as_dense, name")
+                f"DistributedOptimizer does not support argument(s) {', '.join(sorted(kwargs))}; supported: Horovod's "
+                "(name, compression, sparse_as_dense, op, backward_passes_per_step, average_aggregated_gradients; "
+                "device_dense, device_sparse, gradient_predivide_factor, num_groups, groups, process_set, "
+                "scale_local_gradients and use_locking at their defaults) and mode, max_staleness")
+        require_default("DistributedOptimizer", device_dense=(device_dense, ""), device_sparse=(device_sparse, ""),
+                        gradient_predivide_factor=(gradient_predivide_factor, 1.0), num_groups=(num_groups, 0),
+                        groups=(groups, None), scale_local_gradients=(scale_local_gradients, True),
+                        use_locking=(use_locking, False))
+        require_global(process_set, "DistributedOptimizer")
         if isinstance(optimizer, DistributedOptimizer):
             raise UnsupportedInputError("the optimizer is already a DistributedOptimizer; wrap it only once")
         if not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -133,8 +149,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                                           sparse_as_dense, owner=f"DistributedOptimizer({self.name!r})")
         self._lr_fn = None
         self._lr_until = None
-        self._model_variables = None  # what the optimizer was built with
-        self._post_variables = None  # what the posts' gradients belong to (flush applies to these)
+        self._lr_rules: list = []  # Python rules fn(update) -> rate or None, evaluated at run time
+        # Set through __dict__: Keras would track a list of variables assigned as an
+        # attribute as this optimizer's own variables (and save the model's weights with it).
+        self.__dict__["_model_variables"] = None  # what the optimizer was built with
+        self.__dict__["_post_variables"] = None  # what the posts' gradients belong to (flush applies to these)
         # Set by the epoch-flush callback while model.fit runs (see fit_hooks).
         self._fit_flushes_epochs = False
         fit_hooks.install()
@@ -198,11 +217,45 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def variables(self):
         return self._variables[:] + self.inner_optimizer.variables
 
+    def get_weights(self):
+        return [v.numpy() for v in self.variables]
+
+    def set_weights(self, weights):
+        # Keras's own set_weights covers only the wrapper's variables; a legacy
+        # .h5 file holds the inner optimizer's too (iterations, moments).
+        weights = [np.array(w) for w in weights]  # h5py datasets are read now, while the file is open
+        if self.built and self.inner_optimizer.built:
+            self._assign_weights(weights)
+            return
+        # Keras's .h5 loader builds the optimizer with the model's own variables,
+        # an empty list for Sequential and functional models: set what exists
+        # now (both iteration counts and learning rates come first), the rest
+        # once the optimizer is built with the model's variables.
+        for variable, weight in zip(self._variables[:] + self.inner_optimizer.variables, weights):
+            if tuple(variable.shape) == tuple(np.shape(weight)):
+                variable.assign(weight)
+        self.__dict__["_pending_weights"] = weights
+
+    def _assign_weights(self, weights) -> None:
+        variables = self.variables
+        if len(weights) != len(variables):
+            raise UnsupportedInputError(f"set_weights() got {len(weights)} arrays for the {len(variables)} variables "
+                                        f"of DistributedOptimizer {self.name!r}")
+        for variable, weight in zip(variables, weights):
+            if tuple(variable.shape) != tuple(np.shape(weight)):
+                raise UnsupportedInputError(f"optimizer variable {variable.path!r} has shape {tuple(variable.shape)}, "
+                                            f"the saved value {tuple(np.shape(weight))}")
+            variable.assign(weight)
+
     def scale_loss(self, loss):
         return self.inner_optimizer.scale_loss(loss)
 
     def build(self, var_list):
         var_list = list(var_list)
+        if not var_list:
+            # Keras's .h5 loader builds with a Sequential or functional model's
+            # own variables, none: build at the first update, with the real ones.
+            return
         if not self.inner_optimizer.built:
             self.inner_optimizer.build(var_list)
         if self.backward_passes_per_step > 1:
@@ -210,8 +263,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             # checkpointed; every flush leaves them at zero on every rank.
             self._accumulators = [self.add_variable_from_reference(v, name="hvd_accumulated") for v in var_list]
             self._passes = self.add_variable(shape=(), dtype="int32", name="hvd_passes")
-        self._model_variables = var_list
+        self.__dict__["_model_variables"] = var_list
         super().build(var_list)
+        pending = self.__dict__.pop("_pending_weights", None)
+        if pending is not None:
+            self._assign_weights(pending)
 
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
         raise UnsupportedInputError("DistributedOptimizer has no stateless_apply (it runs on TensorFlow only)")
@@ -262,7 +318,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if not self.built:
             with keras.name_scope(self.name, caller=self):
                 self.build(variables)
-        self._post_variables = variables
+        self.__dict__["_post_variables"] = variables
         if tf.executing_eagerly():
             try:
                 self._post_and_apply(grads, variables)
@@ -272,6 +328,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             self._post_and_apply(grads, variables)
 
     def _post_and_apply(self, grads, variables):
+        if handoff.claimed_by_tape(grads):
+            raise ConfigError(
+                f"rank {rank_label()}: DistributedOptimizer {self.name!r} got gradients that a "
+                "DistributedGradientTape already reduced; use one of the two (a plain Keras optimizer with the tape)")
         if self.backward_passes_per_step == 1:
             self._exchange.exchange(grads, variables).apply_with(self._apply_one, variables)
             return
@@ -327,8 +387,48 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             return tf.convert_to_tensor(grad)
         return grad
 
+    def add_round_lr_rule(self, rule) -> None:
+        """Before every update, call ``rule(r)`` (``r = iterations``, a Python
+        int) at run time; a float it returns becomes the inner optimizer's
+        learning rate, ``None`` leaves the rate alone. With several rules the
+        last one that returns a rate wins. Rules see the same ``r`` for the same
+        update on every rank, so the rates stay identical; they may read Python
+        state that every rank sets at the same point (an epoch start, after the
+        epoch flush). Used by ``LearningRateScheduleCallback``.
+
+        Example::
+
+            opt.add_round_lr_rule(lambda r: 0.1 if r < 1000 else 0.01)
+        """
+        inner = self.inner_optimizer
+        try:
+            float(inner.learning_rate)
+        except TypeError as err:
+            raise ConfigError(
+                f"the inner optimizer {inner.name!r} has a learning-rate schedule, which a round-driven "
+                "learning-rate callback cannot override; create it with a float learning_rate") from err
+        self._lr_rules.append(rule)
+
+    def remove_round_lr_rule(self, rule) -> None:
+        """Stop calling ``rule`` (see :meth:`add_round_lr_rule`)."""
+        self._lr_rules = [r for r in self._lr_rules if r is not rule]
+
+    def _rule_rate(self, update) -> np.float64:
+        rate = None
+        for rule in list(self._lr_rules):
+            value = rule(int(update))
+            if value is not None:
+                rate = value
+        return np.float64(np.nan if rate is None else rate)
+
     def _apply_one(self, grads, variables):
         inner = self.inner_optimizer
+        if self._lr_rules:
+            current = tf.convert_to_tensor(inner.learning_rate)
+            wanted = tf.numpy_function(self._rule_rate, [inner.iterations], tf.float64, stateful=True,
+                                       name="hvd_partial_lr_rule")
+            wanted.set_shape([])
+            inner.learning_rate = tf.where(tf.math.is_nan(wanted), current, tf.cast(wanted, current.dtype))
         if self._lr_fn is not None:
             step = tf.cast(inner.iterations, tf.float32)
             current = tf.convert_to_tensor(inner.learning_rate)
@@ -392,10 +492,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 active = {s.index for s in self._exchange.plan.slots}
                 accumulators = self._accumulators_for(variables, [i in active for i in range(len(variables))])
                 before = self._exchange.updates
-                self._post_accumulated(accumulators, variables)
+                # Compiled, as in a train step (see apply_compiled).
+                tf.function(lambda: self._post_accumulated(accumulators, variables), autograph=False)()
                 applied += self._exchange.updates - before
             rounds = self._exchange.flush(variables)
-            applied += int(rounds.apply_with(self._apply_one, variables))
+            applied += apply_compiled(rounds, self._apply_one, variables, self.__dict__.setdefault("_compiled", {}),
+                                      tuple(id(v) for v in variables))
         except tf.errors.OpError as err:
             self._exchange.reraise(err)
         log.debug("rank %s: flushed %s, %d updates applied", rank_label(), self.stream_name, applied)

@@ -40,10 +40,44 @@ _SETTINGS = {
     "stall_check_shutdown_time_seconds": ("stall_shutdown_seconds", str),
     "fusion_threshold_mb": ("fusion_threshold_bytes", lambda mb: str(int(float(mb) * 1024 * 1024))),
     "cycle_time_ms": ("idle_poll_ms", str),
-    "log_level": ("log_level", lambda s: s.upper()),
+    "log_level": ("log_level", lambda s: {"TRACE": "DEBUG", "FATAL": "CRITICAL"}.get(s.upper(), s.upper())),
     "report_seconds": ("report_seconds", str),
     "failure_timeout_seconds": ("failure_timeout_seconds", str),
     "heartbeat_seconds": ("heartbeat_seconds", str),
+}
+
+
+#: horovodrun flags with no counterpart here that only tune Horovod's own
+#: machinery: accepted, with a warning, so that job scripts run unchanged.
+#: flag -> takes a value
+TUNING_FLAGS = {
+    "--disable-cache": False, "--cache-capacity": True, "--hierarchical-allreduce": False,
+    "--no-hierarchical-allreduce": False, "--hierarchical-allgather": False, "--no-hierarchical-allgather": False,
+    "--torus-allreduce": False, "--no-torus-allreduce": False, "--autotune": False, "--no-autotune": False,
+    "--autotune-log-file": True, "--autotune-warmup-samples": True, "--autotune-steps-per-sample": True,
+    "--autotune-bayes-opt-max-samples": True, "--autotune-gaussian-process-noise": True,
+    "--num-nccl-streams": True, "--thread-affinity": True, "--start-timeout": True, "--tcp": False,
+    "--log-with-timestamp": False, "--log-without-timestamp": False, "--log-hide-timestamp": False,
+    "--no-log-hide-timestamp": False, "--no-timeline-mark-cycles": False, "--timeline-mark-cycles": False,
+}
+
+#: horovodrun flags that would change what runs: refused, with the reason.
+REFUSED_FLAGS = {
+    "--gloo": "hvd_partial runs on MPI only",
+    "--jsrun": "jsrun is not supported; use --mpi-args or launch with jsrun yourself",
+    "--gloo-timeout-seconds": "hvd_partial runs on MPI only (no Gloo)",
+    "--mpi-threads-disable": "the engine thread needs MPI_THREAD_SERIALIZED or more",
+    "--config-file": "give the settings as flags or HVD_PARTIAL_* variables",
+    "--binding-args": "processes are never bound to cores (the engine thread needs its own); pass MPI binding "
+                      "options with --mpi-args if you must",
+    "--min-np": "elastic training is not implemented", "--min-num-proc": "elastic training is not implemented",
+    "--max-np": "elastic training is not implemented", "--max-num-proc": "elastic training is not implemented",
+    "--slots-per-host": "elastic training is not implemented",
+    "--host-discovery-script": "elastic training is not implemented",
+    "--elastic-timeout": "elastic training is not implemented", "--reset-limit": "elastic training is not implemented",
+    "--blacklist-cooldown-range": "elastic training is not implemented",
+    "-prefix-timestamp": "not supported; pass your MPI's option with --mpi-args (Open MPI: --timestamp-output)",
+    "--prefix-output-with-timestamp": "not supported; pass your MPI's option with --mpi-args",
 }
 
 
@@ -54,34 +88,76 @@ def build_parser() -> argparse.ArgumentParser:
                     "(horovodrun's common flags plus the partial-collective ones).",
         epilog="Settings become HVD_PARTIAL_* environment variables of every rank; "
                "see docs/operations.md.")
+    p.add_argument("-v", "--version", action="store_true", help="print hvd_partial's version and exit")
     p.add_argument("-np", "--num-proc", dest="np", type=int, help="number of processes (default: the slots of -H/--hostfile)")
     p.add_argument("-H", "--hosts", help="host:slots,... (e.g. node1:4,node2:4)")
-    p.add_argument("--hostfile", help="file with one host per line: 'host slots=N' or 'host:N'")
+    p.add_argument("-hostfile", "--hostfile", help="file with one host per line: 'host slots=N' or 'host:N'")
+    # horovodrun's -p and -i are rewritten to these by split_horovod_flags: as argparse
+    # short options they would swallow values such as --mpi-args "-ppn 2".
+    p.add_argument("--ssh-port", type=int, help="ssh port of the hosts (-p; passed to the MPI launcher's ssh)")
+    p.add_argument("--ssh-identity-file", help="ssh identity file (-i; passed to the MPI launcher's ssh)")
+    p.add_argument("--network-interface", "--network-interfaces", dest="network_interface",
+                   help="network interface(s) MPI uses, comma-separated (e.g. eth0)")
+    p.add_argument("--output-filename", help="write each rank's stdout and stderr under this directory")
     p.add_argument("--mode", choices=["sync", "solo", "majority"], help="default mode of streams (HVD_PARTIAL_MODE)")
     p.add_argument("--max-staleness", type=int, help="staleness bound in rounds (HVD_PARTIAL_MAX_STALENESS)")
     p.add_argument("--quorum", type=int, help="majority quorum, 0 for none (HVD_PARTIAL_QUORUM)")
     p.add_argument("--seed", type=int, help="majority initiator seed (HVD_PARTIAL_SEED)")
     p.add_argument("--timeline-filename", help="write a Chrome-trace timeline (merged from the ranks' files at the end)")
-    p.add_argument("--timeline-mark-cycles", action="store_true", help="accepted for horovodrun compatibility; no effect")
     p.add_argument("--stall-check-warning-time-seconds", type=float, help="warn about a stalled rank after this long")
     p.add_argument("--stall-check-shutdown-time-seconds", type=float, help="fail every rank after a stall this long (0: never)")
     p.add_argument("--no-stall-check", action="store_true", help="turn the stall inspector off")
+    p.add_argument("--stall-check", action="store_true", help="keep the stall inspector on (the default)")
     p.add_argument("--fusion-threshold-mb", type=float, help="largest fused buffer, MiB")
     p.add_argument("--cycle-time-ms", type=float, help="engine idle poll bound, ms (HVD_PARTIAL_IDLE_POLL_MS)")
     p.add_argument("--report-seconds", type=float, help="rank 0 logs the slow-rank report this often (at INFO)")
     p.add_argument("--failure-timeout-seconds", type=float, help="a silent rank is declared failed after this long")
     p.add_argument("--heartbeat-seconds", type=float, help="liveness message period")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error", "critical",
-                                           "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"])
+    p.add_argument("--log-level", choices=["trace", "debug", "info", "warning", "error", "fatal", "critical",
+                                           "TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL", "CRITICAL"])
     p.add_argument("--mpi-args", default="", help="extra arguments for mpiexec, quoted as one string")
     p.add_argument("--mpiexec", help="the mpiexec to use (default: the one beside Python, then PATH)")
     p.add_argument("--mpi", action="store_true", help="accepted for horovodrun compatibility (always MPI)")
-    p.add_argument("--gloo", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--check-build", action="store_true", help="print what hvd_partial finds here, and exit")
+    p.add_argument("-cb", "--check-build", action="store_true", help="print what hvd_partial finds here, and exit")
     p.add_argument("--dry-run", action="store_true", help="print the mpiexec command and exit")
-    p.add_argument("-v", "--verbose", action="store_true", help="print the command; log level INFO unless --log-level")
+    p.add_argument("--verbose", action="store_true", help="print the command; log level INFO unless --log-level")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     return p
+
+
+def split_horovod_flags(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Take horovodrun's tuning flags out of ``argv`` (before the program) and
+    refuse the ones that would change what runs. Returns (remaining argv, the
+    tuning flags dropped)."""
+    kept, dropped = [], []
+    i = 0
+    value_options = {"-np", "--num-proc", "-H", "--hosts", "-hostfile", "--hostfile", "-p", "--ssh-port", "-i",
+                     "--ssh-identity-file", "--network-interface", "--network-interfaces", "--output-filename",
+                     "--mode", "--max-staleness", "--quorum", "--seed", "--timeline-filename",
+                     "--stall-check-warning-time-seconds", "--stall-check-shutdown-time-seconds",
+                     "--fusion-threshold-mb", "--cycle-time-ms", "--report-seconds", "--failure-timeout-seconds",
+                     "--heartbeat-seconds", "--log-level", "--mpi-args", "--mpiexec"}
+    while i < len(argv):
+        word = argv[i]
+        flag = word.split("=", 1)[0]
+        if not word.startswith("-") or word == "--":
+            kept += argv[i:]  # the program and its own arguments
+            break
+        if flag in REFUSED_FLAGS:
+            raise ConfigError(f"horovodrun's {flag} is not supported: {REFUSED_FLAGS[flag]}")
+        if flag in TUNING_FLAGS:
+            takes_value = TUNING_FLAGS[flag] and "=" not in word
+            dropped += argv[i:i + 1 + int(takes_value)]
+            i += 1 + int(takes_value)
+            continue
+        flag = {"-p": "--ssh-port", "-i": "--ssh-identity-file"}.get(flag, flag)
+        if flag in value_options and "=" not in word and i + 1 < len(argv):
+            kept.append(f"{flag}={argv[i + 1]}")  # one word: a value may start with '-'
+            i += 2
+            continue
+        kept.append(word if flag == word.split("=", 1)[0] else flag + word[len(word.split("=", 1)[0]):])
+        i += 1
+    return kept, dropped
 
 
 def settings_env(args) -> dict[str, str]:
@@ -101,8 +177,6 @@ def settings_env(args) -> dict[str, str]:
 
 def build_command(args, environ: dict | None = None) -> tuple[list[str], dict[str, str], list[str]]:
     """(mpiexec command, environment for it, temporary files to remove)."""
-    if args.gloo:
-        raise ConfigError("--gloo: hvd_partial runs on MPI only")
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -129,11 +203,42 @@ def build_command(args, environ: dict | None = None) -> tuple[list[str], dict[st
         temporary.append(hostfile)
     cmd = mpiexec_command(nprocs, command, hosts=hosts_argument(hosts) if args.hosts else None,
                           hostfile=hostfile, env=env_settings, mpiexec=exe)
-    extra = shlex.split(args.mpi_args) if args.mpi_args else []
+    extra = launcher_options(args, flavor, nprocs) + (shlex.split(args.mpi_args) if args.mpi_args else [])
     if extra:
         at = cmd.index("-n")
         cmd = cmd[:at] + extra + cmd[at:]
     return cmd, environ, temporary
+
+
+def launcher_options(args, flavor, nprocs: int) -> list[str]:
+    """The MPI launcher's options for horovodrun's ssh, network and output flags."""
+    from .mpiexec import MpiFlavor
+
+    out = []
+    ssh = []
+    if args.ssh_port is not None:
+        ssh += ["-p", str(args.ssh_port)]
+    if args.ssh_identity_file:
+        ssh += ["-i", args.ssh_identity_file]
+    if ssh:
+        out += ["--mca", "plm_rsh_args", " ".join(ssh)] if flavor is MpiFlavor.OPEN_MPI else \
+            ["-launcher", "ssh", "-launcher-exec", shlex.join(["ssh"] + ssh)]
+    if args.network_interface:
+        if flavor is MpiFlavor.OPEN_MPI:
+            out += ["--mca", "btl_tcp_if_include", args.network_interface,
+                    "--mca", "oob_tcp_if_include", args.network_interface]
+        else:
+            out += ["-iface", args.network_interface.split(",")[0]]
+    if args.output_filename:
+        root = os.path.abspath(args.output_filename)
+        if flavor is MpiFlavor.OPEN_MPI:
+            out += ["--output-filename", root]
+        else:
+            for rank in range(nprocs):  # Hydra writes the files but does not make the folders
+                os.makedirs(os.path.join(root, f"rank.{rank}"), exist_ok=True)
+            out += ["-outfile-pattern", os.path.join(root, "rank.%r", "stdout"),
+                    "-errfile-pattern", os.path.join(root, "rank.%r", "stderr")]
+    return out
 
 
 def _merge_timeline(filename: str) -> None:
@@ -149,7 +254,20 @@ def _merge_timeline(filename: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``hvd-partial-run``; returns mpiexec's exit code."""
     parser = build_parser()
+    try:
+        argv, dropped = split_horovod_flags(list(sys.argv[1:] if argv is None else argv))
+    except ConfigError as err:
+        print(f"hvd-partial-run: error: {err}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
+    if args.version:
+        from .. import __version__
+
+        print(f"hvd-partial-run (hvd_partial) {__version__}")
+        return 0
+    if dropped:
+        print(f"hvd-partial-run: ignoring horovodrun tuning flag(s) with no counterpart in hvd_partial: "
+              f"{' '.join(dropped)}", file=sys.stderr)
     if args.check_build:
         from ..__main__ import main as info_main
 

@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from ..errors import ConfigError
@@ -45,17 +46,45 @@ def initialized_horovod():
     return None
 
 
+def check_launcher_environment(world_size: int, environ=None) -> None:
+    """Raise ``ConfigError`` if ``horovodrun`` started this process in Gloo
+    mode: it sets ``HOROVOD_RANK``/``HOROVOD_SIZE`` but starts every process
+    as a singleton MPI world, so N processes would train unconnected.
+
+    Example::
+
+        check_launcher_environment(MPI.COMM_WORLD.Get_size())
+    """
+    environ = os.environ if environ is None else environ
+    text = environ.get("HOROVOD_SIZE")
+    if text is None or world_size != 1:
+        return
+    try:
+        horovod_size = int(text)
+    except ValueError:
+        return
+    if horovod_size > 1:
+        raise ConfigError(
+            f"this process was started as rank {environ.get('HOROVOD_RANK', '?')} of {horovod_size} by horovodrun "
+            "without MPI (Gloo mode: HOROVOD_RANK/HOROVOD_SIZE are set but MPI_COMM_WORLD has 1 process), so the "
+            f"{horovod_size} processes would train unconnected. hvd_partial runs on MPI: launch with "
+            f"'horovodrun --mpi -np {horovod_size} ...', 'hvd-partial-run -np {horovod_size} ...' or "
+            f"'mpiexec -n {horovod_size} ...'")
+
+
 def shared_comm(comm=None):
     """The communicator ``init`` should use: ``comm`` if given, else Horovod's
     (``MPI_COMM_WORLD``, after checking that the ranks agree), else ``None``
-    (``MPI_COMM_WORLD``)."""
+    (``MPI_COMM_WORLD``). Raises ``ConfigError`` for a process that
+    ``horovodrun`` started in Gloo mode."""
     if comm is not None:
         return comm
+    from mpi4py import MPI
+
+    check_launcher_environment(MPI.COMM_WORLD.Get_size())
     horovod = initialized_horovod()
     if horovod is None:
         return None
-    from mpi4py import MPI
-
     world = MPI.COMM_WORLD
     name = horovod.__name__
     mpi_enabled = getattr(horovod, "mpi_enabled", None)

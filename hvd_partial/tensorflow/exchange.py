@@ -26,15 +26,17 @@ import numpy as np
 import tensorflow as tf
 
 import hvd_partial as _core
-from ..errors import HvdPartialError, StreamConflictError, UnsupportedInputError
+from ..errors import ConfigError, EngineError, HvdPartialError, StreamConflictError, UnsupportedInputError
 from ..modes import Mode, ReduceOp
 from .compression import Compression, Compressor
 
 log = logging.getLogger("hvd_partial.tensorflow")
 
-# Streams this process has posted to, across exchange objects: a reloaded
-# Keras model gets a new optimizer object for an already registered stream.
-_posted_streams: set[str] = set()
+# Streams this process has posted to since init, across exchange objects (a
+# reloaded Keras model gets a new optimizer object for an already registered
+# stream): name -> the init it was posted under (the Config object of that
+# init), so that after shutdown() and init() no stream counts as posted.
+_posted_streams: dict[str, object] = {}
 _registry_lock = threading.Lock()
 _exchanges: dict[str, "GradientExchange"] = {}
 
@@ -42,6 +44,17 @@ _exchanges: dict[str, "GradientExchange"] = {}
 # Code that builds graph ops with plain Python control flow: AutoGraph would
 # only re-convert it (seconds per trace) when a user's tf.function calls it.
 _graph_builder = tf.autograph.experimental.do_not_convert
+
+
+def init_generation():
+    """A token that changes at every ``init`` (None when not initialized)."""
+    return _core.config() if _core.is_initialized() else None
+
+
+def posted_since_init(name: str) -> bool:
+    """True if this process posted to stream ``name`` since the latest ``init``."""
+    token = _posted_streams.get(name)
+    return token is not None and token is init_generation()
 
 
 def rank_label() -> str:
@@ -214,6 +227,34 @@ class RoundGradients:
         return count
 
 
+def apply_compiled(rounds: RoundGradients, update, variables, cache: dict, key) -> int:
+    """Apply ``rounds`` with ``update`` inside a ``tf.function`` (cached in
+    ``cache[key]``): the same ``tf.while_loop`` a traced train step runs.
+    Flushed rounds then go through compiled updates as the others do; applied
+    eagerly, an update can differ in the last bit from its graph version
+    (Adadelta's did), and one rank applies a round in a step where another
+    applies it in a flush. Returns k.
+
+    Example::
+
+        apply_compiled(exchange.flush(variables), optimizer_update, variables, self._compiled, "flush")
+    """
+    if rounds.plan is None:
+        return 0
+    plan = rounds.plan
+    fn = cache.get(key)
+    if fn is None or fn[0] is not plan:
+        spec = [tf.TensorSpec([None, g.size], tf.as_dtype(g.wire)) for g in plan.groups]
+
+        def run(*stacked):
+            return RoundGradients(plan, list(stacked), variables).apply_with(update, variables)
+
+        fn = cache[key] = (plan, tf.function(run, input_signature=spec, autograph=False))
+    if int(rounds.count) == 0:
+        return 0
+    return int(fn[1](*rounds._stacked))
+
+
 class GradientExchange:
     """One fused stream of gradients between ranks.
 
@@ -252,6 +293,9 @@ class GradientExchange:
         #: The facts of the rounds taken by the latest post or flush.
         self.last_results: list = []
         self.last_error: BaseException | None = None
+        # Rounds handed out by DistributedGradientTape.gradient() that must all
+        # be applied before the next post: (init token, k, slots not yet applied).
+        self._owed: tuple | None = None
 
     @property
     def settings(self) -> tuple:
@@ -311,15 +355,19 @@ class GradientExchange:
     # -- posting ------------------------------------------------------------------
 
     @_graph_builder
-    def exchange(self, grads, sources) -> RoundGradients:
+    def exchange(self, grads, sources, handed_out: bool = False) -> RoundGradients:
         """Post ``grads`` (aligned with ``sources``) and return the rounds taken.
 
         Eagerly this runs at once; inside ``tf.function`` it adds the ops.
+        ``handed_out``: the caller returns only the latest round's gradients
+        and every round must be applied before the next post (see
+        :mod:`hvd_partial.tensorflow.handoff`), which the next post checks.
         """
         grads, sources = list(grads), list(sources)
         plan = self.make_plan(grads, sources)
         flats = plan.to_wire(grads, self.compression)
-        outputs = tf.numpy_function(self._post_and_take, flats, [tf.as_dtype(g.wire) for g in plan.groups],
+        post = self._post_and_hand_out if handed_out else self._post_and_take
+        outputs = tf.numpy_function(post, flats, [tf.as_dtype(g.wire) for g in plan.groups],
                                     stateful=True, name="hvd_partial_post")
         if not isinstance(outputs, (list, tuple)):
             outputs = [outputs]
@@ -334,21 +382,62 @@ class GradientExchange:
             raise UnsupportedInputError(
                 f"rank {rank_label()}: flush() of {self.owner} must run eagerly (outside tf.function): it is "
                 "a collective that every rank calls once, e.g. at the end of an epoch")
-        if self.plan is None or self.name not in _posted_streams:
+        handle = self.begin_flush()
+        return self.finish_flush(handle, sources)
+
+    def begin_flush(self):
+        """Start this stream's collective flush (eager); None if nothing was posted since init."""
+        if self.plan is None or not posted_since_init(self.name):
             # Nothing posted here, so nothing to flush (and no stream to name).
+            return None
+        self._check_owed()
+        return _core.flush_async(self.name)
+
+    def finish_flush(self, handle, sources=None) -> RoundGradients:
+        """Wait for a flush started by :meth:`begin_flush`; returns its updates."""
+        if handle is None:
             return RoundGradients(None, [], sources)
-        results = _core.flush(self.name)
+        results = _core.synchronize(handle)
         stacked = [tf.constant(a) for a in self._stack(results)]
         return RoundGradients(self.plan, stacked, sources)
 
     # -- numpy side -----------------------------------------------------------------
 
+    def _post_and_hand_out(self, *flats):
+        stacked = self._post_and_take(*flats)
+        k = stacked[0].shape[0]
+        if k == 0:
+            raise EngineError(f"rank {rank_label()}: a post to stream {self.name!r} took no round with data")
+        slots = frozenset(s.index for s in self.plan.slots)
+        self._owed = (init_generation(), k, slots) if k > 1 else None
+        return stacked
+
+    def mark_applied(self, slots) -> None:
+        """Numpy side: every round of the latest hand-out was applied to ``slots``."""
+        owed = self._owed
+        if owed is not None:
+            left = owed[2] - frozenset(int(i) for i in np.ravel(slots))
+            self._owed = (owed[0], owed[1], left) if left else None
+
+    def _check_owed(self) -> None:
+        owed, self._owed = self._owed, None
+        if owed is None or owed[0] is not init_generation():
+            return
+        names = ", ".join(f"#{i}" for i in sorted(owed[2]))
+        raise ConfigError(
+            f"rank {rank_label()}: the previous gradient() of {self.owner} (stream {self.name!r}) took {owed[1]} "
+            f"rounds, but only the latest was applied to the gradients of source(s) {names}, so this rank's "
+            "replica now differs from the others. In solo and majority mode pass tape.gradient()'s result "
+            "unchanged to a Keras optimizer's apply_gradients() or apply() (which applies every round), or use "
+            "tape.gradient_rounds(loss, variables).apply(optimizer), or mode=Sync()")
+
     def _post_and_take(self, *flats):
         try:
+            self._check_owed()
             arrays = [np.ascontiguousarray(f) for f in flats]
             handle = _core.grouped_partial_allreduce_async(arrays, self.name, mode=self.mode, op=self.op,
                                                            max_staleness=self.max_staleness)
-            _posted_streams.add(self.name)
+            _posted_streams[self.name] = init_generation()
             self.posts += 1
             results = _core.synchronize(handle)
             return self._stack(results)

@@ -1,13 +1,16 @@
 """``DistributedGradientTape``: a ``tf.GradientTape`` whose gradients are
-reduced across ranks by a (partial) allreduce.
+reduced across ranks by a (partial) allreduce, with Horovod's signature.
 
-In ``Sync`` mode ``gradient()`` behaves as Horovod's: one averaged gradient per
-call. In ``Solo`` and ``Majority`` mode one call can take several rounds (a
-rank that was behind catches up with every round it missed), so the gradients
-come as :class:`RoundGradients` that must all be applied, in order, for the
-replicas to stay identical: use ``gradient_rounds()``.
+``tape.gradient()`` works in every mode, eagerly and inside ``tf.function``.
+In ``Sync`` mode it is Horovod's call exactly: one averaged gradient per call.
+In ``Solo`` and ``Majority`` mode one call can take several rounds (a rank
+that was behind catches up with every round it missed); ``gradient()`` returns
+the latest round's gradients, and a Keras optimizer given them unchanged
+(``apply_gradients`` or ``apply``) applies every round, in order (see
+:mod:`hvd_partial.tensorflow.handoff`). ``gradient_rounds()`` gives all the
+rounds explicitly, for loops that transform gradients or use no Keras optimizer.
 
-Example (custom training loop, partial mode)::
+Example (Horovod's loop, unchanged; solo by default)::
 
     import hvd_partial.tensorflow as hvd
 
@@ -15,27 +18,47 @@ Example (custom training loop, partial mode)::
     def step(x, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
-        tape = hvd.DistributedGradientTape(tape, mode=hvd.Solo())
-        tape.gradient_rounds(loss, model.trainable_variables).apply(optimizer)
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
 
     for x, y in data:
         step(x, y)
-    hvd.flush_gradients().apply(optimizer, model.trainable_variables)   # every rank
+    hvd.flush_tapes()     # collective: identical replicas on every rank
 """
 
 from __future__ import annotations
 
+import threading
+
 import tensorflow as tf
 
 import hvd_partial as _core
-from ..errors import ConfigError
 from ..modes import Mode, ReduceOp
+from . import handoff
+from .basics import global_process_set, require_default, require_global
 from .compression import Compression, Compressor
-from .exchange import (GradientExchange, RoundGradients, _graph_builder, exchange_for, existing_exchange,
-                       rank_label)
+from .exchange import GradientExchange, RoundGradients, _graph_builder, exchange_for, existing_exchange
 
-#: Stream used by tapes created without ``name=``.
+#: Stream of the first set of sources differentiated by tapes created without ``name=``;
+#: later sets get ``.2``, ``.3``, ... in the order this process first uses them.
 DEFAULT_TAPE_STREAM = "tensorflow.DistributedGradientTape"
+
+_names_lock = threading.Lock()
+# (ids of the sources) -> (stream name, the sources, kept alive so their ids stay theirs)
+_default_names: dict[tuple, tuple[str, list]] = {}
+_tape_streams: list[str] = []
+
+
+def _default_stream(sources: list) -> str:
+    key = tuple(id(s) for s in sources)
+    with _names_lock:
+        found = _default_names.get(key)
+        if found is None:
+            n = len(_default_names)
+            found = _default_names[key] = (DEFAULT_TAPE_STREAM if n == 0 else f"{DEFAULT_TAPE_STREAM}.{n + 1}",
+                                           list(sources))
+        return found[0]
 
 
 class DistributedGradientTape:
@@ -58,14 +81,38 @@ class DistributedGradientTape:
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
     """
 
-    def __init__(self, gradtape, mode: Mode | None = None, op: ReduceOp = _core.Average,
-                 compression: Compressor = Compression.none, sparse_as_dense: bool = False,
-                 max_staleness: int | None = None, name: str = DEFAULT_TAPE_STREAM):
+    def __init__(self, gradtape, device_dense="", device_sparse="", compression: Compressor = Compression.none,
+                 sparse_as_dense: bool = False, op: ReduceOp = _core.Average, gradient_predivide_factor: float = 1.0,
+                 num_groups: int = 0, groups=None, process_set=global_process_set,
+                 scale_local_gradients: bool = True, *, mode: Mode | None = None,
+                 max_staleness: int | None = None, name: str | None = None):
         if not isinstance(gradtape, tf.GradientTape):
             raise TypeError(f"DistributedGradientTape wraps a tf.GradientTape, got {type(gradtape).__name__}")
+        require_default("DistributedGradientTape", device_dense=(device_dense, ""),
+                        device_sparse=(device_sparse, ""), gradient_predivide_factor=(gradient_predivide_factor, 1.0),
+                        num_groups=(num_groups, 0), groups=(groups, None),
+                        scale_local_gradients=(scale_local_gradients, True))
+        require_global(process_set, "DistributedGradientTape")
         self._tape = gradtape
-        self._exchange: GradientExchange = exchange_for(name, mode, op, compression, max_staleness,
-                                                        sparse_as_dense, owner=f"DistributedGradientTape({name!r})")
+        self._settings = (mode, op, compression, max_staleness, sparse_as_dense)
+        self._name = name
+        # Checks the settings now; the stream is chosen at the first gradient() (it depends on the sources).
+        _core.stream_options(mode, op, max_staleness)
+        self._exchange: GradientExchange | None = None if name is None else self._exchange_named(name)
+
+    def _exchange_named(self, name: str) -> GradientExchange:
+        mode, op, compression, max_staleness, sparse_as_dense = self._settings
+        exchange = exchange_for(name, mode, op, compression, max_staleness, sparse_as_dense,
+                                owner=f"DistributedGradientTape({name!r})")
+        with _names_lock:
+            if name not in _tape_streams:
+                _tape_streams.append(name)
+        return exchange
+
+    def _exchange_for(self, sources: list) -> GradientExchange:
+        if self._exchange is None:
+            self._exchange = self._exchange_named(_default_stream(sources))
+        return self._exchange
 
     @property
     def tape(self) -> tf.GradientTape:
@@ -74,11 +121,12 @@ class DistributedGradientTape:
 
     @property
     def mode(self) -> Mode:
-        return self._exchange.mode
+        return _core.stream_options(self._settings[0], self._settings[1], self._settings[3])
 
     @property
-    def stream_name(self) -> str:
-        return self._exchange.name
+    def stream_name(self) -> str | None:
+        """The stream (None until the first ``gradient()`` of a tape without ``name=``)."""
+        return None if self._exchange is None else self._exchange.name
 
     def __enter__(self):
         self._tape.__enter__()
@@ -96,40 +144,45 @@ class DistributedGradientTape:
                         unconnected_gradients=tf.UnconnectedGradients.NONE) -> RoundGradients:
         """Compute this rank's gradients, post them and return every round the
         post took (oldest first) as :class:`RoundGradients`; apply them all
-        with ``.apply(optimizer)``. Works in every mode, eagerly and inside
-        ``tf.function``.
+        with ``.apply(optimizer)`` or ``.apply_with(fn)``. Works in every mode,
+        eagerly and inside ``tf.function``.
 
         Example::
 
             tape.gradient_rounds(loss, variables).apply(optimizer)
         """
+        return self._post(target, sources, output_gradients, unconnected_gradients, handed_out=False)
+
+    def _post(self, target, sources, output_gradients, unconnected_gradients, handed_out: bool) -> RoundGradients:
         flat_sources = tf.nest.flatten(sources)
+        exchange = self._exchange_for(flat_sources)
         grads = self._tape.gradient(target, flat_sources, output_gradients=output_gradients,
                                     unconnected_gradients=unconnected_gradients)
         if tf.executing_eagerly():
             try:
-                return self._exchange.exchange(grads, flat_sources)
+                return exchange.exchange(grads, flat_sources, handed_out=handed_out)
             except tf.errors.OpError as err:
-                self._exchange.reraise(err)
-        return self._exchange.exchange(grads, flat_sources)
+                exchange.reraise(err)
+        return exchange.exchange(grads, flat_sources, handed_out=handed_out)
 
     @_graph_builder
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
         """Horovod's call: the reduced gradients, in the structure of ``sources``.
 
-        Only in ``Sync`` mode, where every call takes exactly one round; in
-        ``Solo``/``Majority`` a call can take several rounds, so this raises
-        ``ConfigError`` (use ``gradient_rounds``, or ``hvd_partial.keras.DistributedOptimizer``).
+        In sync mode, the one round the call took. In solo and majority mode,
+        the latest of the k rounds the call took; pass them unchanged to a
+        Keras optimizer's ``apply_gradients`` (or ``apply``), which then
+        applies all k rounds in order. Applying them any other way is
+        detected at the next post when k > 1 (``ConfigError``).
         """
-        if self._exchange.mode.kind != "sync":
-            raise ConfigError(
-                f"rank {rank_label()}: DistributedGradientTape.gradient() returns one gradient per call, which "
-                f"only mode=Sync() guarantees; in {self._exchange.mode.kind} mode a call can take several rounds "
-                "that must all be applied in order: use tape.gradient_rounds(loss, variables).apply(optimizer) "
-                "or hvd_partial.keras.DistributedOptimizer")
-        rounds = self.gradient_rounds(target, sources, output_gradients, unconnected_gradients)
-        return tf.nest.pack_sequence_as(sources, rounds.round(0))
+        flat_sources = tf.nest.flatten(sources)
+        exchange = self._exchange_for(flat_sources)
+        if exchange.mode.kind == "sync":
+            rounds = self._post(target, sources, output_gradients, unconnected_gradients, handed_out=False)
+            return tf.nest.pack_sequence_as(sources, rounds.round(0))
+        rounds = self._post(target, sources, output_gradients, unconnected_gradients, handed_out=True)
+        return tf.nest.pack_sequence_as(sources, handoff.hand_out(exchange, rounds, flat_sources))
 
     def flush(self, sources=None) -> RoundGradients:
         """Collective (every rank, eagerly): the updates of every outstanding
@@ -139,6 +192,8 @@ class DistributedGradientTape:
 
             tape.flush().apply(optimizer, model.trainable_variables)
         """
+        if self._exchange is None:
+            return RoundGradients(None, [], None if sources is None else tf.nest.flatten(sources))
         return flush_gradients(self._exchange.name, sources)
 
 
@@ -159,3 +214,34 @@ def flush_gradients(name: str = DEFAULT_TAPE_STREAM, sources=None) -> RoundGradi
         return exchange.flush(flat)
     except tf.errors.OpError as err:
         exchange.reraise(err)
+
+
+def flush_tapes() -> int:
+    """Collective (every rank, eagerly): flush every ``DistributedGradientTape``
+    stream, in the order this process first used them, and apply each flush's
+    rounds through the Keras optimizer(s) that applied that stream's
+    ``gradient()`` results. Afterwards weights and optimizer state are
+    identical on every rank. Returns the number of updates applied.
+
+    Example::
+
+        for x, y in data:
+            step(x, y)          # tape.gradient() + opt.apply_gradients()
+        hvd.flush_tapes()       # before evaluating or saving
+    """
+    with _names_lock:
+        names = list(_tape_streams)
+    exchanges = [e for e in (existing_exchange(n) for n in names) if e is not None]
+    # Started together: a rank that flushes one stream while others still post
+    # to another would hold them back (it stops taking that stream's rounds).
+    started = []
+    for exchange in exchanges:
+        try:
+            started.append((exchange, exchange.begin_flush()))
+        except tf.errors.OpError as err:
+            exchange.reraise(err)
+    applied = 0
+    for exchange, handle in started:
+        rounds = exchange.finish_flush(handle)
+        applied += handoff.apply_flush(exchange, rounds)
+    return applied

@@ -176,3 +176,75 @@ def test_info_names_a_malformed_variable():
                       env={"HVD_PARTIAL_STALL_WARNING_SECONDS": "soon"})
     assert res.returncode == 2
     assert "HVD_PARTIAL_STALL_WARNING_SECONDS='soon'" in res.stderr
+
+
+# ===== horovodrun's flags and environment ============================================
+
+def test_horovodrun_tuning_flags_are_dropped_and_launch_changing_ones_refused():
+    argv, dropped = cli.split_horovod_flags(["-np", "2", "--autotune", "--cache-capacity", "512",
+                                             "--hierarchical-allreduce", "--fusion-threshold-mb", "8", "python",
+                                             "train.py", "--autotune"])
+    assert argv == ["-np=2", "--fusion-threshold-mb=8", "python", "train.py", "--autotune"]
+    assert dropped == ["--autotune", "--cache-capacity", "512", "--hierarchical-allreduce"]
+    for flag, reason in (["--gloo", "MPI only"], ["--min-np", "elastic"], ["--mpi-threads-disable", "engine thread"],
+                         ["--config-file", "flags"]):
+        with pytest.raises(cli.ConfigError, match=reason):
+            cli.split_horovod_flags(["-np", "2", flag, "x", "python", "t.py"])
+
+
+def test_horovodrun_ssh_network_and_output_flags_for_both_mpis(tmp_path):
+    argv = ["-np", "2", "-p", "2222", "-i", "key", "--network-interface", "eth0",
+            "--output-filename", str(tmp_path / "logs"), "python", "t.py"]
+    exe = fake_mpiexec(tmp_path, "HYDRA build details: Version: 4.2")
+    detect_flavor.cache_clear()
+    cmd, _, _ = command_for(["--mpiexec", exe] + cli.split_horovod_flags(argv)[0])
+    assert cmd[cmd.index("-launcher-exec") + 1] == "ssh -p 2222 -i key"
+    assert cmd[cmd.index("-iface") + 1] == "eth0"
+    assert cmd[cmd.index("-outfile-pattern") + 1] == str(tmp_path / "logs" / "rank.%r" / "stdout")
+    assert (tmp_path / "logs" / "rank.1").is_dir()
+    exe = fake_mpiexec(tmp_path, "mpirun (Open MPI) 5.0.8")
+    detect_flavor.cache_clear()
+    cmd, _, _ = command_for(["--mpiexec", exe] + cli.split_horovod_flags(argv)[0])
+    mca = {cmd[i + 1]: cmd[i + 2] for i, word in enumerate(cmd) if word == "--mca"}
+    assert mca == {"plm_rsh_args": "-p 2222 -i key", "btl_tcp_if_include": "eth0", "oob_tcp_if_include": "eth0"}
+    assert cmd[cmd.index("--output-filename") + 1] == str(tmp_path / "logs")
+    detect_flavor.cache_clear()
+
+
+def test_version_flag_has_horovods_meaning(capsys):
+    assert cli.main(["-v"]) == 0
+    assert "hvd_partial" in capsys.readouterr().out
+
+
+def test_a_process_started_by_horovodrun_gloo_stops_naming_the_fix():
+    env = {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "4", "HOROVOD_CONTROLLER": "gloo"}
+    res = run_command([sys.executable, "-c", "import hvd_partial; hvd_partial.init()"], timeout=60, env=env)
+    assert res.returncode != 0
+    assert "ConfigError" in res.stderr and "rank 1 of 4 by horovodrun" in res.stderr
+    assert "horovodrun --mpi -np 4" in res.stderr
+    from hvd_partial.launch.horovod import check_launcher_environment
+
+    check_launcher_environment(4, {"HOROVOD_RANK": "1", "HOROVOD_SIZE": "4"})  # horovodrun --mpi: fine
+    check_launcher_environment(1, {"HOROVOD_RANK": "0", "HOROVOD_SIZE": "1"})  # one process: fine
+
+
+def test_info_detects_slurm():
+    env = {"SLURM_JOB_ID": "42", "SLURM_NTASKS": "8", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_PROCID": "3"}
+    res = run_command([sys.executable, "-m", "hvd_partial", "info", "--json", "--quick"], timeout=60, env=env)
+    assert res.returncode == 0, res.stderr
+    slurm = json.loads(res.stdout)["launcher"]["slurm"]
+    assert slurm["job_id"] == "42" and slurm["ntasks"] == "8" and slurm["procid"] == "3"
+    res = run_command([sys.executable, "-m", "hvd_partial", "info", "--quick"], timeout=60, env=env)
+    assert "srun --mpi=pmi2" in res.stdout
+
+
+@pytest.mark.mpi
+def test_verbose_shows_the_slow_rank_report_without_logging_configured(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import numpy as np\nimport hvd_partial as hvd\nhvd.init()\n"
+                      "for _ in range(20):\n    hvd.partial_allreduce(np.ones(4, np.float32), 'g')\n"
+                      "hvd.shutdown()\n")
+    res = run_command([sys.executable, "-m", "hvd_partial.launch.cli", "-np", "2", "--verbose",
+                       sys.executable, str(script)], timeout=90)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "slow-rank report" in res.stderr and "INFO hvd_partial" in res.stderr

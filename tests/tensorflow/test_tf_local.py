@@ -32,8 +32,16 @@ def test_horovod_names_are_exported():
                  "ParticipationReportCallback", "FlushCallback"]:
         assert hasattr(hvd.callbacks, name), name
     for name in ["DistributedGradientTape", "broadcast_variables", "allreduce", "broadcast_object",
-                 "flush_gradients", "Compression"]:
+                 "flush_gradients", "flush_tapes", "Compression", "DistributedOptimizer", "allgather",
+                 "grouped_allreduce", "reducescatter", "alltoall", "join", "Min", "Max", "Product", "cross_rank",
+                 "cross_size", "broadcast_global_variables"]:
         assert hasattr(hvd_tf, name), name
+    import hvd_partial.tensorflow.keras as hvd_tfk
+
+    assert hvd_tfk.DistributedOptimizer is hvd.DistributedOptimizer
+    for name in ["LearningRateScheduleCallback", "LearningRateWarmupCallback", "BestModelCheckpoint",
+                 "MetricAverageCallback", "BroadcastGlobalVariablesCallback"]:
+        assert hasattr(hvd_tfk.callbacks, name), name
 
 
 def test_config_round_trip_keeps_every_setting():
@@ -128,14 +136,58 @@ def test_apply_before_init_raises_not_initialized():
         opt.apply_gradients(zip(grads, model.trainable_variables))
 
 
-def test_tape_gradient_outside_sync_mode_points_to_gradient_rounds():
+@pytest.mark.parametrize("kwargs, text", [
+    ({"gradient_predivide_factor": 2.0}, "gradient_predivide_factor=2.0"),
+    ({"num_groups": 2}, "num_groups=2"),
+    ({"groups": 3}, "groups=3"),
+    ({"device_dense": "/gpu:0"}, "device_dense"),
+    ({"process_set": hvd_tf.ProcessSet([0])}, "global_process_set"),
+    ({"op": hvd_tf.Max}, "op=Average or op=Sum"),
+])
+def test_wrappers_accept_horovod_arguments_only_at_their_defaults(kwargs, text):
     with tf.GradientTape() as tape:
-        x = tf.constant(2.0)
-        tape.watch(x)
-        y = x * x
-    dtape = hvd_tf.DistributedGradientTape(tape, mode=hvd.Solo(), name="local-check")
-    with pytest.raises(hvd.ConfigError, match="gradient_rounds"):
-        dtape.gradient(y, [x])
+        pass
+    defaults = dict(device_dense="", device_sparse="", gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                    process_set=hvd_tf.global_process_set, scale_local_gradients=True)
+    hvd_tf.DistributedGradientTape(tape, **defaults)
+    hvd.DistributedOptimizer(keras.optimizers.SGD(), name=f"defaults_{len(text)}", **defaults)
+    error = hvd.NotSupportedError if "process_set" in kwargs else \
+        hvd.UnsupportedInputError if "op" in kwargs else hvd.ConfigError
+    with pytest.raises(error, match=text):
+        hvd_tf.DistributedGradientTape(tape, **kwargs)
+    with pytest.raises(error, match=text):
+        hvd.DistributedOptimizer(keras.optimizers.SGD(), **kwargs)
+
+
+def test_helper_arguments_follow_horovod():
+    from hvd_partial.tensorflow.basics import resolve_op
+
+    assert resolve_op(None, True, "x") is hvd.Average and resolve_op(None, False, "x") is hvd.Sum
+    assert resolve_op(None, None, "x") is hvd.Average and resolve_op(hvd_tf.Min, None, "x") is hvd_tf.Min
+    with pytest.raises(hvd.ConfigError, match="not both"):
+        resolve_op(hvd.Sum, True, "x")
+    with pytest.raises(hvd.ConfigError, match="Adasum"):
+        hvd_tf.allreduce(tf.constant([1.0]), op=hvd_tf.Adasum)
+    with pytest.raises(hvd.NotSupportedError, match="global_process_set"):
+        hvd_tf.allgather(tf.constant([1.0]), process_set=hvd_tf.ProcessSet([0]))
+    with pytest.raises(hvd.ConfigError, match="eager"):
+        hvd_tf.broadcast_global_variables(0)
+    with pytest.raises(hvd.ConfigError, match="process_sets"):
+        hvd_tf.init(process_sets=[hvd_tf.ProcessSet([0])])
+    assert hvd_tf.mpi_built() and not hvd_tf.gloo_enabled() and hvd_tf.check_num_rank_power_of_2(4)
+
+
+def test_a_hand_out_not_fully_applied_fails_the_next_post():
+    from hvd_partial.tensorflow.exchange import GradientExchange, init_generation
+
+    ex = GradientExchange("owed-check", mode=hvd.Solo())
+    ex._owed = (init_generation(), 3, frozenset({0, 1}))
+    ex.mark_applied(np.array([0]))
+    with pytest.raises(hvd.ConfigError, match=r"took 3 rounds.*#1"):
+        ex._check_owed()
+    ex._owed = (init_generation(), 2, frozenset({0}))
+    ex.mark_applied(np.array([0]))
+    ex._check_owed()  # every gradient had its rounds applied
 
 
 def _other_backends():

@@ -59,6 +59,27 @@ def callbacks_and_saving(rank, size):
     out["loaded"]["after_fit"] = C.state_digest(loaded, lopt)
     out["loaded"]["after_fit_iterations"] = int(lopt.iterations)
 
+    phase("h5 and tf.train.Checkpoint")
+    h5_path = os.path.join(SHARED, "model.h5")
+    prefix = os.path.join(SHARED, "ckpt")
+    if rank == 0:
+        model.save(h5_path)
+        tf.train.Checkpoint(model=model, optimizer=opt).write(prefix)
+    hvd.barrier()
+    h5 = keras.models.load_model(h5_path)
+    hopt = h5.optimizer
+    out["h5"] = {"type": type(hopt).__name__, "iterations": int(hopt.iterations)}
+    hopt.build(h5.trainable_variables)  # Keras's .h5 loader leaves the moments for the first update
+    out["h5"]["digest"] = C.state_digest(h5, hopt)
+    h5.fit(xs, ys, batch_size=8, epochs=1, verbose=0)
+    out["h5"]["after_fit"] = C.state_digest(h5, hopt)
+    out["h5"]["after_fit_iterations"] = int(hopt.iterations)
+    fresh = C.mlp(seed=99)
+    fopt = hvd.DistributedOptimizer(keras.optimizers.Adam(LR), name=opt.name + "_restored")
+    fopt.build(fresh.trainable_variables)
+    tf.train.Checkpoint(model=fresh, optimizer=fopt).read(prefix).assert_consumed()
+    out["checkpoint"] = {"digest": C.state_digest(fresh, fopt), "iterations": int(fopt.iterations)}
+
     phase("load_model helper")
     plain = C.mlp(seed=11)
     plain.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=C.LOSS)
@@ -120,11 +141,15 @@ def sparse(rank, size):
 
 
 def tape_gradient_in_solo():
+    """A tape's solo gradients given to a DistributedOptimizer (reduced twice): ConfigError."""
     model = C.mlp(seed=1)
+    dopt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), mode=hvd.Solo(), name="twice")
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(model(np.ones((2, 16), np.float32)))
+    grads = hvd_tf.DistributedGradientTape(tape, mode=hvd.Solo(), name="never").gradient(
+        loss, model.trainable_variables)
     try:
-        hvd_tf.DistributedGradientTape(tape, mode=hvd.Solo(), name="never").gradient(loss, model.trainable_variables)
+        dopt.apply_gradients(zip(grads, model.trainable_variables))
         return None
     except hvd.ConfigError as err:
         return str(err)

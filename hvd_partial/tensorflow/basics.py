@@ -1,0 +1,229 @@
+"""Horovod's process-level names for the TensorFlow adapter: ``init`` with
+Horovod's arguments, node topology (``cross_rank``, ``cross_size``,
+``is_homogeneous``), what the build supports (``mpi_built``, ``nccl_built``,
+...), rank and size as tensors, and the checks of Horovod arguments that
+hvd_partial accepts only at their default values (process sets are the
+core's: only the global one).
+
+Example::
+
+    import hvd_partial.tensorflow as hvd
+
+    hvd.init()
+    print(hvd.rank(), hvd.cross_rank(), hvd.cross_size(), hvd.mpi_enabled())
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import tensorflow as tf
+
+import hvd_partial as _core
+from ..collectives.process_sets import (ProcessSet, add_process_set, check_process_set,  # noqa: F401
+                                        global_process_set, remove_process_set)
+from ..errors import ConfigError
+from ..modes import ReduceOp
+
+log = logging.getLogger("hvd_partial.tensorflow")
+
+
+def require_global(process_set, where: str) -> None:
+    """Raise ``NotSupportedError`` unless ``process_set`` is the global set."""
+    check_process_set(process_set, where)
+
+
+def require_default(where: str, **given) -> None:
+    """Raise ``ConfigError`` naming every Horovod argument not at its default.
+
+    ``given`` maps a name to ``(value, default)``.
+    """
+    bad = [f"{name}={value!r}" for name, (value, default) in given.items()
+           if not (value == default if not isinstance(default, (list, tuple)) else value in default)]
+    if bad:
+        raise ConfigError(f"{where}: {', '.join(bad)} not supported by hvd_partial (only the default value is)")
+
+
+def resolve_op(op, average, where: str) -> ReduceOp:
+    """Horovod's ``op`` / deprecated ``average`` pair: ``average=True`` is
+    Average, ``False`` Sum; both given is an error; neither is Average."""
+    if average is not None and op is not None:
+        raise ConfigError(f"{where}: give op= or the deprecated average=, not both")
+    if average is not None:
+        return _core.Average if average else _core.Sum
+    op = _core.Average if op is None else op
+    if not isinstance(op, ReduceOp):
+        raise ConfigError(f"{where}: op must be hvd.Average, Sum, Min, Max or Product, got {op!r}")
+    if op is ReduceOp.ADASUM:
+        raise ConfigError(f"{where}: op=Adasum is not implemented in hvd_partial; use Average or Sum")
+    return op
+
+
+def handle_average_backwards_compatibility(op, average):
+    """Horovod's helper: the op that ``op``/``average`` mean (Average if neither)."""
+    return resolve_op(op, average, "allreduce")
+
+
+def check_num_rank_power_of_2(num_rank: int) -> bool:
+    """True if ``num_rank`` is a power of two (Horovod's Adasum check)."""
+    return num_rank > 0 and (num_rank & (num_rank - 1)) == 0
+
+
+# -- init and topology ------------------------------------------------------------------
+
+_topology_lock = threading.Lock()
+_topology: dict | None = None
+
+
+def init(comm=None, process_sets=None, **config) -> None:
+    """Horovod's ``init``: start hvd_partial (collective). ``comm`` is an mpi4py
+    communicator (default ``MPI.COMM_WORLD``); ``process_sets`` must be None;
+    other keywords are hvd_partial's configuration fields.
+
+    Example::
+
+        hvd.init()                       # Horovod's call
+        hvd.init(max_staleness=4)        # with an hvd_partial setting
+    """
+    global _topology
+    if process_sets is not None:
+        raise ConfigError("init(process_sets=...) is not supported: hvd_partial runs on one world; "
+                          "pass init(comm=sub_communicator) to run on a subset")
+    if isinstance(comm, (list, tuple)):
+        raise ConfigError("init(comm=[ranks]) is not supported; pass an mpi4py communicator")
+    _core.init(comm, **config)
+    with _topology_lock:
+        _topology = None
+    _load_topology()
+
+
+def _load_topology() -> dict:
+    """Ranks grouped by node (collective the first time after each init)."""
+    global _topology
+    with _topology_lock:
+        if _topology is not None and _topology["generation"] is _core.config():
+            return _topology
+    everyone = _core.allgather_object((_core.local_rank(), _core.local_size()))
+    me = _core.rank()
+    local_rank = everyone[me][0]
+    peers = [r for r, (lr, _) in enumerate(everyone) if lr == local_rank]
+    info = {"generation": _core.config(), "cross_rank": peers.index(me), "cross_size": len(peers),
+            "homogeneous": len({ls for _, ls in everyone}) == 1}
+    with _topology_lock:
+        _topology = info
+    return info
+
+
+def cross_rank() -> int:
+    """This process's rank among the processes with the same local rank (its
+    node's index, on homogeneous clusters)."""
+    return _load_topology()["cross_rank"]
+
+
+def cross_size() -> int:
+    """The number of processes with this process's local rank (the number of
+    nodes, on homogeneous clusters)."""
+    return _load_topology()["cross_size"]
+
+
+def is_homogeneous() -> bool:
+    """True if every node runs the same number of processes."""
+    return _load_topology()["homogeneous"]
+
+
+def rank_op(name=None):
+    """``rank()`` as an int32 tensor."""
+    return tf.constant(_core.rank(), dtype=tf.int32, name=name)
+
+
+def local_rank_op(name=None):
+    """``local_rank()`` as an int32 tensor."""
+    return tf.constant(_core.local_rank(), dtype=tf.int32, name=name)
+
+
+def size_op(process_set_id: int = 0, name=None):
+    """``size()`` as an int32 tensor (process set 0 only)."""
+    if process_set_id != 0:
+        raise ConfigError(f"size_op(process_set_id={process_set_id}): only the global process set (0) exists")
+    return tf.constant(_core.size(), dtype=tf.int32, name=name)
+
+
+def local_size_op(name=None):
+    """``local_size()`` as an int32 tensor."""
+    return tf.constant(_core.local_size(), dtype=tf.int32, name=name)
+
+
+def process_set_included_op(process_set_id: int = 0, name=None):
+    """1 if this process belongs to the process set (always, for set 0)."""
+    if process_set_id != 0:
+        raise ConfigError(f"process_set_included_op(process_set_id={process_set_id}): only set 0 exists")
+    return tf.constant(1, dtype=tf.int32, name=name)
+
+
+# -- what this build has ------------------------------------------------------------------
+
+def mpi_threads_supported() -> bool:
+    """True if MPI granted ``MPI_THREAD_MULTIPLE``."""
+    from mpi4py import MPI
+
+    return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+
+
+def mpi_enabled() -> bool:
+    """True: hvd_partial always runs on MPI."""
+    return True
+
+
+def mpi_built() -> bool:
+    """True: hvd_partial always runs on MPI."""
+    return True
+
+
+def gloo_enabled() -> bool:
+    """False: hvd_partial has no Gloo controller."""
+    return False
+
+
+def gloo_built() -> bool:
+    """False: hvd_partial has no Gloo controller."""
+    return False
+
+
+def nccl_built() -> bool:
+    """False: reductions run on the CPU through MPI."""
+    return False
+
+
+def ddl_built() -> bool:
+    """False."""
+    return False
+
+
+def ccl_built() -> bool:
+    """False."""
+    return False
+
+
+def cuda_built() -> bool:
+    """False: hvd_partial's reductions run on the CPU."""
+    return False
+
+
+def rocm_built() -> bool:
+    """False."""
+    return False
+
+
+def start_timeline(file_path, mark_cycles: bool = False):
+    """Not supported at run time: the timeline is chosen at ``init``
+    (``HOROVOD_TIMELINE``, ``HVD_PARTIAL_TIMELINE_FILENAME`` or
+    ``hvd-partial-run --timeline-filename``)."""
+    raise ConfigError("start_timeline is not supported at run time: set HOROVOD_TIMELINE (or "
+                      "HVD_PARTIAL_TIMELINE_FILENAME, or hvd-partial-run --timeline-filename) before init")
+
+
+def stop_timeline():
+    """Not supported at run time (see :func:`start_timeline`)."""
+    raise ConfigError("stop_timeline is not supported at run time: the timeline set at init is written until "
+                      "shutdown")

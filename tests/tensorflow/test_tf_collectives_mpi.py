@@ -1,0 +1,73 @@
+"""Horovod's TensorFlow collectives and the Keras learning-rate callbacks on 3
+ranks (tests/workers/tf_collectives.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("tensorflow")
+pytest.importorskip("keras")
+
+from mpi_run import run_mpi  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+SIZE = 3
+
+
+@pytest.fixture(scope="module")
+def run():
+    return run_mpi("tf_collectives.py", SIZE, timeout=240).results
+
+
+def test_allreduce_ops_and_horovod_arguments(run):
+    ranks = range(SIZE)
+    total = [SIZE + sum(ranks), 10.0 * sum(ranks)]
+    for res in run.values():
+        c = res["collectives"]
+        assert c["average"] == pytest.approx([t / SIZE for t in total])
+        assert c["sum_average_false"] == total and c["scaled"] == total and c["fp16"] == total
+        assert c["min"] == [1.0, 0.0] and c["max"] == [SIZE, 10.0 * (SIZE - 1)]
+        assert c["product"] == [math.factorial(SIZE), 0.0]
+        assert c["grouped"] == [total, [[float(sum(ranks))]]]
+        assert c["keras_allreduce"] == [float(sum(ranks))]
+        assert c["sparse"] == [[float(r)] for r in ranks]
+
+
+def test_allgather_reducescatter_alltoall_broadcast(run):
+    gathered = [[r, r] for r in range(SIZE) for _ in range(r + 1)]
+    s = SIZE * (SIZE + 1) / 2
+    for rank, res in run.items():
+        c = res["collectives"]
+        assert c["allgather"] == gathered
+        assert c["reducescatter"] == [[s, s]] * (3 if rank == 0 else 2)  # 7 rows over 3 ranks: 3, 2, 2
+        assert c["alltoall"] == [[v for src in range(SIZE) for v in (2 * rank + 100 * src, 2 * rank + 1 + 100 * src)],
+                                 [2] * SIZE]
+        assert c["alltoall_splits"] == [[src for src in range(SIZE) for _ in range(rank + 1)], [rank + 1] * SIZE]
+        assert c["broadcast_bool"] == [True, False]
+        assert c["graph"] == [[SIZE, 10.0 * (SIZE - 1)], [v for r in range(SIZE) for v in (1.0 + r, 10.0 * r)]]
+        assert c["topology"] == [0, 1, True, rank, SIZE]
+
+
+def test_join_returns_the_same_rank_everywhere(run):
+    last = {res["collectives"]["join"] for res in run.values()}
+    assert len(last) == 1 and last.pop() in range(SIZE)
+
+
+def test_mismatched_allgather_fails_on_every_rank(run):
+    for res in run.values():
+        assert res["collectives"]["mismatch"] and "MismatchError" in res["collectives"]["mismatch"]
+        assert "shape" in res["collectives"]["mismatch"]
+
+
+def test_round_driven_rate_callbacks_keep_replicas_identical(run):
+    digests = {res["schedules"]["digest"] for res in run.values()}
+    rates = {res["schedules"]["lr"] for res in run.values()}
+    assert len(digests) == 1 and len(rates) == 1, run
+
+
+def test_a_rate_set_per_local_batch_fails_clearly_in_solo(run):
+    for rank, res in run.items():
+        message = res["schedules"]["per_batch"]
+        assert message and f"rank {rank}" in message and "changed the learning rate" in message
