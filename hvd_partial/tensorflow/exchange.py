@@ -101,6 +101,23 @@ class Group:
         return sum(s.size for s in self.slots)
 
 
+def _buckets(order: dict, limit: int | None):
+    """Groups of one wire dtype each, at most ``limit`` bytes (fusion_threshold_bytes;
+    a larger gradient travels alone), in the order of ``order``."""
+    for wire, members in order.items():
+        itemsize = np.dtype(wire).itemsize
+        bucket: list = []
+        filled = 0
+        for slot in members:
+            nbytes = slot.size * itemsize
+            if bucket and limit is not None and filled + nbytes > limit:
+                yield Group(wire, tuple(bucket))
+                bucket, filled = [], 0
+            bucket.append(slot)
+            filled += nbytes
+        yield Group(wire, tuple(bucket))
+
+
 @dataclass(frozen=True)
 class GradientPlan:
     """How a list of gradients is packed into fused buffers and back.
@@ -342,7 +359,9 @@ class GradientExchange:
         order: dict[str, list] = {}
         for slot in slots:
             order.setdefault(slot.wire, []).append(slot)
-        plan = GradientPlan(len(grads), tuple(Group(w, tuple(s)) for w, s in order.items()))
+        cfg = _core.config() if _core.is_initialized() else None
+        limit = cfg.fusion_threshold_bytes if cfg is not None else None
+        plan = GradientPlan(len(grads), tuple(_buckets(order, limit)))
         if self.plan is None:
             self.plan = plan
         elif plan != self.plan:

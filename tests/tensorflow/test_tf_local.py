@@ -124,6 +124,27 @@ def test_plan_fuses_by_wire_dtype_and_restores_shapes_and_none():
         exchange.make_plan([grads[0], None, None], variables)
 
 
+def test_fusion_threshold_bounds_the_fused_gradient_buffers():
+    from hvd_partial.tensorflow.exchange import GradientExchange, GradientPlan, _buckets
+
+    variables = [tf.Variable(tf.zeros(n, dtype)) for n, dtype in
+                 [(300, tf.float32), (300, tf.float32), (50, tf.float64), (2000, tf.float32), (10, tf.float32)]]
+    grads = [tf.fill(v.shape, tf.cast(i + 1, v.dtype)) for i, v in enumerate(variables)]
+    unbounded = GradientExchange("bucket-check").make_plan(grads, variables)  # no session: one buffer per dtype
+    assert [g.wire for g in unbounded.groups] == ["float32", "float64"]
+    order = {}
+    for group in unbounded.groups:
+        order.setdefault(group.wire, []).extend(group.slots)
+    groups = list(_buckets(order, 2048))  # two 300-float32 gradients (2400 B) do not fit together
+    assert [[s.index for s in g.slots] for g in groups] == [[0], [1], [3], [4], [2]]
+    for g in groups:
+        assert g.size * np.dtype(g.wire).itemsize <= 2048 or len(g.slots) == 1
+    bounded = GradientPlan(unbounded.count, tuple(groups))
+    back = bounded.from_wire(bounded.to_wire(grads, hvd.Compression.none))
+    for b, g in zip(back, grads):
+        assert np.array_equal(b.numpy(), g.numpy())
+
+
 def test_apply_before_init_raises_not_initialized():
     if hvd_partial.is_initialized():
         pytest.skip("another test initialized hvd_partial in this process")
