@@ -107,16 +107,28 @@ def mismatch() -> dict:
 
 
 def duplicate() -> dict:
-    r = hvd.rank()
+    from mpi4py import MPI
+
+    r, n = hvd.rank(), hvd.size()
     out = {}
-    first = hvd.allreduce_async(np.ones(2), name="dup")
-    try:
-        hvd.allreduce_async(np.ones(2), name="dup")
-        out["error"] = None
-    except hvd.DuplicateNameError as err:
-        out["error"] = str(err)
-        out["is_value_error"] = isinstance(err, ValueError)
-    out["first"] = hvd.synchronize(first)
+    # In turns: the other ranks hold back their call of "dup" until told, so
+    # the first call cannot finish before the second is made.
+    for turn in range(n):
+        if r == turn:
+            first = hvd.allreduce_async(np.ones(2), name="dup")
+            try:
+                hvd.allreduce_async(np.ones(2), name="dup")
+                out["error"] = None
+            except hvd.DuplicateNameError as err:
+                out["error"] = str(err)
+                out["is_value_error"] = isinstance(err, ValueError)
+            for peer in range(n):
+                if peer != turn:
+                    MPI.COMM_WORLD.send(None, dest=peer, tag=79)
+            out["first"] = hvd.synchronize(first)
+        else:
+            MPI.COMM_WORLD.recv(source=turn, tag=79)
+            hvd.allreduce(np.ones(2), name="dup")
     out["again"] = hvd.allreduce(np.ones(2) * r, name="dup", op=hvd.Sum)  # the name is free again
     return out
 

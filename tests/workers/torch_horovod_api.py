@@ -55,13 +55,25 @@ def api() -> dict:
     out["alltoall_nosplits"] = hvd.alltoall(torch.arange(n) + 10 * r).tolist()
     out["reducescatter"] = hvd.reducescatter(torch.ones(n + 1, 2), op=hvd.Sum).tolist()
     phase("async and duplicates")
-    h = hvd.allreduce_async(torch.ones(2), name="dup")
-    try:
-        hvd.allreduce_async(torch.ones(2), name="dup")
-        out["duplicate"] = None
-    except ValueError as err:
-        out["duplicate"] = type(err).__name__
-    out["dup_result"] = hvd.synchronize(h).tolist()
+    # A second call under a name in flight, checked in turns: the other ranks
+    # hold back their call of that name until told, so the first cannot finish.
+    from mpi4py import MPI
+
+    for turn in range(n):
+        if r == turn:
+            h = hvd.allreduce_async(torch.ones(2), name=f"dup{turn}")
+            try:
+                hvd.allreduce_async(torch.ones(2), name=f"dup{turn}")
+                out["duplicate"] = None
+            except ValueError as err:
+                out["duplicate"] = type(err).__name__
+            for peer in range(n):
+                if peer != turn:
+                    MPI.COMM_WORLD.send(None, dest=peer, tag=79)
+            out["dup_result"] = hvd.synchronize(h).tolist()
+        else:
+            MPI.COMM_WORLD.recv(source=turn, tag=79)
+            hvd.synchronize(hvd.allreduce_async(torch.ones(2), name=f"dup{turn}"))
     out["poll"] = hvd.poll(hvd.allreduce_async(torch.ones(1))) in (True, False)
     phase("autograd")
     x = torch.ones(2, requires_grad=True)
