@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -83,14 +84,27 @@ def run(example: Path, args: list[str], nprocs: int, mode: str, timeout: float) 
     env = dict(os.environ, HVD_PARTIAL_MODE=mode, HVD_TEST_OUT=out, TF_CPP_MIN_LOG_LEVEL="3",
                TF_ENABLE_ONEDNN_OPTS="0", PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}:{ROOT / 'tests' / 'workers'}")
     cmd = mpiexec_command(nprocs, [sys.executable, str(HARNESS), str(example), *args])
-    proc = subprocess.run(cmd, env=env, cwd=example.parent, capture_output=True, text=True, timeout=timeout)
+    # Its own session, so a timeout kills the whole job (mpiexec and every rank).
+    proc = subprocess.Popen(cmd, env=env, cwd=example.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        timed_out = True
     reports = {}
     for rank in range(nprocs):
         path = Path(out, f"rank{rank}.json")
         if path.exists():
             reports[rank] = json.loads(path.read_text())
     shutil.rmtree(out, ignore_errors=True)
-    return {"returncode": proc.returncode, "reports": reports, "tail": (proc.stdout + proc.stderr)[-3000:]}
+    tail = (stdout + stderr)[-3000:]
+    if timed_out:
+        hung = [rank for rank in range(nprocs) if rank not in reports]
+        tail = f"timed out after {timeout:.0f} s and was killed; ranks that never reported: {hung}\n" + tail
+    return {"returncode": proc.returncode, "reports": reports, "tail": tail}
 
 
 def main() -> int:
