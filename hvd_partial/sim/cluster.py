@@ -1,17 +1,30 @@
 """Cluster simulator: the protocol's own code (every rank's
-:class:`~hvd_partial.core.driver.Driver`, with rank 0's coordinator, in a
+:class:`~hvd_partial.core.driver.Driver` and its control policy, in a
 :class:`~hvd_partial.transport.loopback.LoopbackWorld`) on a simulated clock
 where communication costs what a :class:`~hvd_partial.sim.network.NetworkModel` says.
 
-It models what the MPI engine does, message by message:
+The control plane is a parameter: ``"central"`` (rank 0's coordinator decides
+every round) or ``"decentral"`` (every rank starts rounds itself: hypercube
+activation floods, gathers, quorum notices; see docs/control-plane.md). The
+cost model is the same for both; it models what the MPI engine does, message
+by message:
 
-- a message from one rank to another arrives ``message_seconds(P)`` after it
-  is sent (a rank's messages to itself at once), in order per pair of ranks;
-- a rank's engine serves the messages for its control policy (rank 0's
-  coordinator: posts, flushes, registrations) one at a time, in order of
-  arrival, ``coordinator_seconds(P)`` each, and so its completion of a round
-  that feeds a decision; what it sends while serving leaves one message after
-  the other, ``send_seconds(P)`` apart (its own at once);
+- a message from one rank to another arrives ``message_seconds(n)`` after it
+  is sent (a rank's messages to itself at once), in order per pair of ranks,
+  where ``n`` is the per-rank entries it carries (the coordinator's messages
+  are priced as its round start, which carries ``P``; the decentralized
+  plane's carry none);
+- every rank's engine serves the messages for its control policy one at a
+  time, in order of arrival, ``handling_seconds(P, walks_ranks)`` each, where
+  ``walks_ranks`` holds only for the coordinator's decisions (they look at
+  every rank); it also serves its completion of a round when the completion
+  feeds the policy: the coordinator's decision on it
+  (``coordinator_seconds(P)``), or, decentralized, the handling of the event
+  plus the next round's view derived from the facts
+  (``view_seconds(P)``, vector work over every rank);
+- what an engine sends while serving leaves one message after the other,
+  ``send_seconds(n)`` apart (its own at once); what a rank's post or flush
+  sends leaves at once, the next ones ``send_seconds(n)`` apart;
 - a rank joins a round when the round's start reaches it (sync: when it
   posts); the round's reduction finishes ``reduce_seconds(P, nbytes)`` after
   the last rank joined (and not before the previous round's), where a solo
@@ -45,6 +58,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..core.fusion import Layout
+from ..core.messages import Flush, Goodbye, Post, Register
 from ..modes import Mode, Sum
 from ..transport.loopback import LoopbackWorld
 from .network import NetworkModel
@@ -72,8 +86,23 @@ class SimResult:
     staleness_max: int = 0
     fresh_fraction: float = 0.0  # fresh contributions / (rounds * P)
     events: int = 0
-    coordinator_busy_s: float = 0.0  # time rank 0's engine spent coordinating
+    coordinator_busy_s: float = 0.0  # time rank 0's engine spent serving its control policy
     initiators: list = field(default_factory=list)
+    control_plane: str = "central"
+    busy_max_s: float = 0.0  # the busiest engine's time serving its control policy
+    busy_mean_s: float = 0.0  # the same, mean over ranks
+    # control messages between ranks (a rank's own to itself not counted), sent plus received
+    messages_max: int = 0  # at the rank that handled the most
+    messages_mean: float = 0.0  # mean over ranks
+
+    @property
+    def messages_per_round_max(self) -> float:
+        """Control messages sent and received by the busiest rank, per round started."""
+        return self.messages_max / max(1, self.rounds + 1)
+
+    @property
+    def messages_per_round_mean(self) -> float:
+        return self.messages_mean / max(1, self.rounds + 1)
 
     @property
     def rounds_per_second(self) -> float:
@@ -102,7 +131,7 @@ class _TimedDeque(deque):
         self._sim = sim
 
     def append(self, item):
-        ready = self._sim._ready_time(self)
+        ready = self._sim._ready_time(self, item)
         super().append(item)
         self.times.append(ready)
         self._sim._appended(self)
@@ -125,14 +154,32 @@ class _TimedWorld(LoopbackWorld):
         return _TimedDeque(self._sim, _DELIVER if kind == "channel" else _DONE, src, dest, lane)
 
 
+CONTROL_PLANES = ("central", "decentral")
+# the reports the coordinator decides on (its decision code walks every rank)
+_COORDINATOR_REPORTS = (Register, Post, Flush, Goodbye)
+
+
+def ranks_carried(message) -> int:
+    """How many per-rank entries ``message`` carries (the longest sequence or
+    array among its fields): what its pickling and unpickling grow with."""
+    n = 0
+    for value in getattr(message, "__dict__", {}).values():
+        if isinstance(value, (tuple, list, np.ndarray)):
+            n = max(n, len(value))
+    return n
+
+
 class ClusterSimulator:
     """One simulated run (see :func:`simulate`)."""
 
     def __init__(self, world_size: int, mode: Mode, max_staleness: int, steps: int | Sequence[int],
                  compute_seconds: Callable[[int, int], float], network: NetworkModel | None = None,
-                 nbytes: int = 4, deadline_s: float | None = None):
+                 nbytes: int = 4, deadline_s: float | None = None, control_plane: str = "central"):
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if control_plane not in CONTROL_PLANES:
+            raise ValueError(f"control_plane must be one of {CONTROL_PLANES}, got {control_plane!r}")
+        self.control_plane = control_plane
         self.P = world_size
         self.mode = mode
         self.net = network or NetworkModel.free()
@@ -145,7 +192,9 @@ class ClusterSimulator:
         tau = 0 if mode.kind == "sync" else max_staleness
         # The reduction runs over a one-element buffer; its cost is the model's
         # for ``nbytes``. Only rank 0's results are kept (all would cost O(P^2) memory).
-        self.world = _TimedWorld(self, world_size, mode, Sum, tau, Layout.of([np.zeros(1)]), keep_results=(0,))
+        plane = {} if control_plane == "central" else {"control_plane": control_plane}
+        self.world = _TimedWorld(self, world_size, mode, Sum, tau, Layout.of([np.zeros(1)]), keep_results=(0,),
+                                 **plane)
         self.heap: list = []
         self.seq = 0
         self.now = 0.0
@@ -158,16 +207,22 @@ class ClusterSimulator:
         self.serve_free = [0.0] * world_size
         self.serving: list[deque] = [deque() for _ in range(world_size)]
         self.busy = [0.0] * world_size
-        self._send_clock: float | None = None  # while a rank serves: when its next send leaves
+        self._send_clock: float | None = None  # while a rank serves: when its last send left
         self._server: int | None = None
+        self._first_send_free = False  # a post's or flush's first send leaves at once
+        self.sent = [0] * world_size  # control messages to other ranks
+        self.received = [0] * world_size
         # reductions: per round, joins so far and the last join time; when each finished
         self.joins: dict = {}
         self.round_done: dict = {}
         self.last_reduce_done = 0.0
         self._reduce_cost: dict[int, float] = {}  # by bytes of facts carried with the data
-        self.latency = self.net.message_seconds(world_size)
-        self.send_cost = self.net.send_seconds(world_size)
+        # what a message costs, by the per-rank entries it carries (the coordinator's: as its round start)
+        self._costs: dict[int, tuple[float, float]] = {}
+        self._walks_all = control_plane == "central"
         self.coord_cost = self.net.coordinator_seconds(world_size)
+        self.handle_cost = self.net.handling_seconds(world_size, walks_ranks=False)
+        self.view_cost = self.handle_cost + self.net.view_seconds(world_size)
         self.step_overhead = self.net.step_overhead_s
         self.events = 0
         self._one = [np.ones(1)]
@@ -175,15 +230,31 @@ class ClusterSimulator:
 
     # -- ready times of communication --------------------------------------------------
 
-    def _ready_time(self, queue: _TimedDeque) -> float:
+    def _message_costs(self, message) -> tuple[float, float]:
+        """(one-way latency, the sender's time) of ``message``."""
+        n = self.P if self._walks_all else ranks_carried(message)
+        costs = self._costs.get(n)
+        if costs is None:
+            costs = self._costs[n] = (self.net.message_seconds(n), self.net.send_seconds(n))
+        return costs
+
+    def _ready_time(self, queue: _TimedDeque, item) -> float:
         if queue.kind == _DONE:
             return self.now  # a launch: the rank joins the round now
-        if queue.lane or self._server is None or self._server != queue.src:
-            return self.now if queue.src == queue.rank else self.now + self.latency
         if queue.src == queue.rank:
+            if queue.lane or self._server != queue.src:
+                return self.now
             return self._send_clock  # the serving engine hands it over locally
-        self._send_clock += self.send_cost
-        return self._send_clock + self.latency
+        self.sent[queue.src] += 1
+        self.received[queue.rank] += 1
+        latency, send_cost = self._message_costs(item)
+        if self._server != queue.src:
+            return self.now + latency
+        if self._first_send_free:
+            self._first_send_free = False
+        else:
+            self._send_clock += send_cost
+        return self._send_clock + latency
 
     def _appended(self, queue: _TimedDeque):
         if queue.kind == _DONE:
@@ -243,7 +314,7 @@ class ClusterSimulator:
             if cls == _COMPUTE:
                 self.computing[j] = False
                 self.done_steps[j] += 1
-                self.world.post(j, self._one)
+                self._call(j, self.world.post, self._one)
                 self._touched.add(j)
             else:
                 self._communicate(kind, payload)
@@ -276,21 +347,36 @@ class ClusterSimulator:
                 return
             self.world.apply(("deliver", queue.src, j, queue.lane))
         else:
-            stream = queue[0][0]
-            deciding = self.world.ranks[j].driver.control.decides_completion(stream)
-            if deciding:  # the completion feeds the control policy: the engine serves it
+            cost = self._completion_seconds(j, queue[0][0])
+            if cost is not None:  # the completion feeds the control policy: the engine serves it
                 base = max(self.now, self.serve_free[j])
-                self._begin_serving(j, base)
+                self._begin_serving(j, base, cost)
             self.world.complete(j)
-            if deciding:
+            if cost is not None:
                 self._end_serving(j, base)
         self._touched.add(j)
         if len(queue) and not queue.scheduled:
             self._schedule_front(queue)
 
-    def _begin_serving(self, j: int, start: float):
+    def _completion_seconds(self, j: int, stream) -> float | None:
+        """The engine's time to feed rank j's completion of a round of
+        ``stream`` to its control policy (None: it does not feed it)."""
+        if self.world.ranks[j].driver.control.decides_completion(stream):
+            return self.coord_cost  # the coordinator decides: its code walks every rank
+        if self.control_plane == "decentral" and not stream.sync:
+            return self.view_cost  # every rank derives the next round's view from the facts
+        return None
+
+    def _handling_seconds(self, j: int, message) -> float:
+        """The engine's time to handle a control message that reached rank j."""
+        control = self.world.ranks[j].driver.control
+        if getattr(control, "coordinator", None) is not None and isinstance(message, _COORDINATOR_REPORTS):
+            return self.coord_cost
+        return self.handle_cost
+
+    def _begin_serving(self, j: int, start: float, cost: float):
         self._server = j
-        self._send_clock = start + self.coord_cost
+        self._send_clock = start + cost
 
     def _end_serving(self, j: int, start: float):
         self.busy[j] += self._send_clock - start
@@ -300,7 +386,7 @@ class ClusterSimulator:
     def _serve(self, j: int):
         """Serve the first control message waiting at rank j (its engine is free now)."""
         queue = self.serving[j].popleft()
-        self._begin_serving(j, self.now)
+        self._begin_serving(j, self.now, self._handling_seconds(j, queue[0]))
         self.world.apply(("deliver", queue.src, j, queue.lane))
         self._end_serving(j, self.now)
         self._touched.add(j)
@@ -312,6 +398,16 @@ class ClusterSimulator:
                 self._serve(j)
             else:
                 self._wake(j)
+
+    def _call(self, j: int, call, *args):
+        """Rank j's compute thread posts or flushes: what its engine sends for
+        it leaves at once, the next messages ``send_seconds`` apart."""
+        self._server, self._send_clock, self._first_send_free = j, self.now, True
+        try:
+            call(j, *args)
+        finally:
+            self._server = self._send_clock = None
+            self._first_send_free = False
 
     def _wake(self, j: int):
         self._push(self.serve_free[j], j, _WAKE, 0, j)
@@ -345,7 +441,7 @@ class ClusterSimulator:
                     # Done: enter flush, so that the others are not held by the staleness bound.
                     self.finish[j] = self.now
                     self.flushed[j] = True
-                    self.world.flush(j)
+                    self._call(j, self.world.flush)
                     self._settle_now()
                     # ranks after j that the flush touched are visited in this pass
                     later = sorted(k for k in self._touched if k > j and k not in this_pass[i:])
@@ -369,17 +465,22 @@ class ClusterSimulator:
             staleness_mean=float(np.mean(contributions)) if contributions else 0.0,
             staleness_max=int(max(contributions)) if contributions else 0,
             fresh_fraction=fresh / (len(training) * self.P) if training else 0.0,
-            events=self.events, coordinator_busy_s=self.busy[0], initiators=initiators)
+            events=self.events, coordinator_busy_s=self.busy[0], initiators=initiators,
+            control_plane=self.control_plane, busy_max_s=max(self.busy), busy_mean_s=float(np.mean(self.busy)),
+            messages_max=max(s + r for s, r in zip(self.sent, self.received)),
+            messages_mean=float(np.mean([s + r for s, r in zip(self.sent, self.received)])))
 
 
 def simulate(world_size: int, mode: Mode, max_staleness: int, steps: int | Sequence[int],
              compute_seconds: Callable[[int, int], float], network: NetworkModel | None = None,
-             nbytes: int = 4, deadline_s: float | None = None) -> SimResult:
+             nbytes: int = 4, deadline_s: float | None = None, control_plane: str = "central") -> SimResult:
     """Simulate ``steps`` posts per rank (an int, or one count per rank) of a
     stream of ``nbytes`` bytes; rank ``j``'s compute at its step ``s`` takes
     ``compute_seconds(j, s)``. With ``deadline_s``, a rank whose post returns
     at or after that time stops training (a time budget instead of a step
-    count). Deterministic: the same arguments give the same result.
+    count). ``control_plane``: ``"central"`` (rank 0's coordinator) or
+    ``"decentral"`` (no coordinator; see the module docstring).
+    Deterministic: the same arguments give the same result.
 
     Example::
 
@@ -388,4 +489,4 @@ def simulate(world_size: int, mode: Mode, max_staleness: int, steps: int | Seque
         r.rounds_per_second, r.posts_per_second
     """
     return ClusterSimulator(world_size, mode, max_staleness, steps, compute_seconds, network, nbytes,
-                            deadline_s).run()
+                            deadline_s, control_plane).run()

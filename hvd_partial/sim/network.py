@@ -11,14 +11,22 @@ constants are fitted to measurements (``benchmarks/paper_scale.py
   recursive-doubling / ring allreduce: latency terms grow with log P, the
   bandwidth term is almost independent of P);
 - **a control message** (a post to the coordinator, or a round start to a
-  rank): ``message_latency_s + message_per_rank_s * P`` one way, which
+  rank): ``message_latency_s + message_per_rank_s * n`` one way (``n``: the
+  per-rank entries it carries, ``P`` for the coordinator's), which
   includes the receiving engine's polling delay and unpickling (a round start
   carries a few integers per rank);
-- **the coordinator**, one process (rank 0's engine) that serves every
-  control message in turn: handling one message takes ``coordinator_s +
-  coordinator_per_rank_s * P`` (the decision code looks at every rank), and
-  it sends every message it broadcasts to ranks 1..P-1 one after the other,
-  ``send_overhead_s + send_per_rank_s * P`` each (pickling and ``isend``);
+- **a rank's engine**, which serves the control messages it receives one at
+  a time: handling one takes ``coordinator_s`` (the name is historical: it
+  was fitted on the coordinator, the only rank that handled control messages
+  before the decentralized control plane), plus ``coordinator_per_rank_s *
+  P`` where the code walks every rank (the coordinator's decisions; see
+  :meth:`NetworkModel.handling_seconds`); with the decentralized control
+  plane every rank also derives the next round's view from the round's facts
+  (vector work on a ``(4, P)`` array: ``view_per_rank_s * P`` per round,
+  :meth:`NetworkModel.view_seconds`). What an engine sends leaves one message
+  after the other, ``send_overhead_s + send_per_rank_s * n`` each (pickling
+  and ``isend``; ``n`` the per-rank entries the message carries: a round
+  start of the coordinator carries ``P``);
 - **the host**: every step of a rank takes ``step_overhead_s`` longer than
   its compute (timer slack of the sleeping benchmark ranks, Python overhead
   around each post).
@@ -57,6 +65,7 @@ class NetworkModel:
     coordinator_s: float = 0.0
     coordinator_per_rank_s: float = 0.0
     step_overhead_s: float = 0.0
+    view_per_rank_s: float = 0.0
     #: where the constants came from (free text, carried into result files)
     source: str = ""
 
@@ -91,16 +100,32 @@ class NetworkModel:
         return self.reduce_base_s * one + self.reduce_alpha_s * steps + self.reduce_beta_s_per_byte * volume
 
     def message_seconds(self, world_size: int = 1) -> float:
-        """One control message, one way, in a world of ``world_size`` ranks."""
+        """One control message, one way, that carries ``world_size`` per-rank
+        entries (a coordinator's round start carries one per rank of the world;
+        the decentralized plane's messages none)."""
         return self.message_latency_s + self.message_per_rank_s * world_size
 
     def send_seconds(self, world_size: int = 1) -> float:
-        """The coordinator's own time to send one message to one rank."""
+        """The sending engine's own time to send one message (carrying
+        ``world_size`` per-rank entries) to one rank."""
         return self.send_overhead_s + self.send_per_rank_s * world_size
 
     def coordinator_seconds(self, world_size: int) -> float:
         """Time the coordinator spends deciding on one incoming message."""
-        return self.coordinator_s + self.coordinator_per_rank_s * world_size
+        return self.handling_seconds(world_size, walks_ranks=True)
+
+    def handling_seconds(self, world_size: int, walks_ranks: bool) -> float:
+        """A rank's engine's time to handle one control message (or one event
+        fed to its control policy); ``walks_ranks``: the code looks at every
+        one of the ``world_size`` ranks (the coordinator's decisions)."""
+        if walks_ranks:
+            return self.coordinator_s + self.coordinator_per_rank_s * world_size
+        return self.coordinator_s
+
+    def view_seconds(self, world_size: int) -> float:
+        """A rank's per-round work that is vector work over every rank (the
+        decentralized control plane's view of the next round, from the facts)."""
+        return self.view_per_rank_s * world_size
 
     # -- (de)serialisation -----------------------------------------------------------
 
