@@ -24,11 +24,21 @@ script
    ranks is simulated with the fitted model; the target is within 15%;
 3. **projects** throughput to 16, 64, 256 and 1024 ranks under the paper's
    delay pattern (one random rank per step, and P/32 ranks per step: about 2
-   of 64 as in the paper) and balanced load.
+   of 64 as in the paper) and balanced load, with the control plane of
+   ``--control-plane`` (central: rank 0's coordinator, the default;
+   decentral; or both);
+4. with ``--planes``, compares the two **control planes** side by side (the
+   issue's targets): solo over sync at 256, 1,024 and 4,096 ranks with one
+   slow rank per step, balanced solo over sync and P/32 slow ranks per step
+   against the free-communication ceiling at 1,024, and control messages per
+   rank per round against log2 P. The decentralized plane's per-round view
+   (vector work over P ranks) is priced by ``view_per_rank_s``, timed here
+   in-process on the real code when the network file lacks it.
 
-    python benchmarks/paper_scale.py                       # all three, ~6 minutes
+    python benchmarks/paper_scale.py                       # 1-3, ~6 minutes
     python benchmarks/paper_scale.py --skip-calibration    # reuse the fitted model
     python benchmarks/paper_scale.py --quick               # a smoke run
+    python benchmarks/paper_scale.py --skip-calibration --planes-only   # 4 alone
 
 Writes to benchmarks/results/new/ (git ignores it; copy over benchmarks/results/ to publish)
 paper_scale.{json,md}, paper_scale_network.json and
@@ -39,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pickle
 import statistics
@@ -201,6 +212,53 @@ def measure_in_process(sizes=(4, 16, 64, 256, 1024), steps: int = 20) -> dict:
     return {"coordinator": coordinator, "pickling": pickling}
 
 
+def measure_view(sizes=(64, 256, 1024, 2048), posts: int = 4) -> dict:
+    """Time the decentralized control plane's work per round on one rank
+    (``DecentralStream.on_reduced``: the round's results and the next round's
+    view from the ``(4, P)`` facts) against P, in this process, and fit its
+    per-rank slope (the intercept is priced as the handling of one event)."""
+    from hvd_partial.core.decentral import DecentralStream
+    from hvd_partial.sim.decentral_world import DecentralWorld
+
+    samples = []
+    for p in sizes:
+        for balanced in (True, False):
+            compute = random_delays(p, 0.02, 0.0 if balanced else 0.1, 0)
+            world = DecentralWorld(p, "solo", 8, [posts] * p, seed=0, compute=compute, delay_s=1e-4,
+                                   keep_results=False)
+            spent = [0.0, 0]
+            plain = DecentralStream.on_reduced
+
+            def timed(self, *a, **k):
+                t = time.perf_counter()
+                try:
+                    return plain(self, *a, **k)
+                finally:
+                    spent[0] += time.perf_counter() - t
+                    spent[1] += 1
+
+            DecentralStream.on_reduced = timed
+            try:
+                world.run()
+            finally:
+                DecentralStream.on_reduced = plain
+            samples.append({"P": p, "balanced": balanced, "seconds_per_round": spent[0] / max(1, spent[1]),
+                            "calls": spent[1]})
+    c0, c1 = fit_linear([x["P"] for x in samples], [x["seconds_per_round"] for x in samples])
+    return {"samples": samples, "intercept_s": c0, "view_per_rank_s": c1}
+
+
+def with_view_cost(calibration: dict) -> NetworkModel:
+    """The fitted model, with ``view_per_rank_s`` measured now if the calibration lacks it."""
+    if "view_per_rank_s" not in calibration["network"]:
+        print("timing the decentralized plane's per-round view in-process ...", flush=True)
+        calibration.setdefault("local", {})["view"] = view = measure_view()
+        calibration["network"]["view_per_rank_s"] = view["view_per_rank_s"]
+        print(f"  view_per_rank_s = {view['view_per_rank_s']:.3g} s (intercept {view['intercept_s'] * 1e6:.1f} us, "
+              f"priced as one event's handling)", flush=True)
+    return NetworkModel.from_dict(calibration["network"])
+
+
 def fit_network(mpi: dict, local: dict) -> tuple[NetworkModel, dict]:
     """Fit the model's constants; returns the model and the fit's residuals."""
     reduce_samples = [(r["P"], r["nbytes"], r["seconds"]) for r in mpi["reduce"]]
@@ -224,6 +282,7 @@ def fit_network(mpi: dict, local: dict) -> tuple[NetworkModel, dict]:
                        send_overhead_s=float(send), send_per_rank_s=send_per_rank,
                        coordinator_s=c0, coordinator_per_rank_s=c1,
                        step_overhead_s=cluster_host_overhead(mpi),
+                       view_per_rank_s=local["view"]["view_per_rank_s"] if "view" in local else 0.0,
                        source="fitted by benchmarks/paper_scale.py on this machine")
     residuals = {
         "reduce": [{"P": p, "nbytes": n, "measured": s, "model": net.reduce_seconds(p, n)} for p, n, s in reduce_samples],
@@ -276,6 +335,8 @@ def calibrate(sizes: list[int], iters: int, gap_s: float, timeout: float, host_b
             mpi[key] += got[key]
     print("timing the coordinator and pickling in-process ...", flush=True)
     local = measure_in_process()
+    print("timing the decentralized plane's per-round view in-process ...", flush=True)
+    local["view"] = measure_view()
     net, residuals = fit_network(mpi, local)
     return {"mpi": mpi, "local": local, "network": net.to_dict(), "residuals": residuals}
 
@@ -353,25 +414,28 @@ def projection_cases(args) -> list[dict]:
     return cases
 
 
-def project(args, net: NetworkModel) -> list[dict]:
+def project(args, net: NetworkModel, plane: str = "central") -> list[dict]:
     out = []
     step_s, delay_s = args.step_ms / 1000, args.delay_ms / 1000
     for case in projection_cases(args):
+        case = {**case, "control_plane": plane}
         p, k = case["P"], case["delayed_per_step"]
         compute = random_delays(p, step_s, delay_s if k else 0.0, args.seed, max(1, k))
         tau = 0 if case["mode"] == "sync" else args.max_staleness
         t = time.time()
-        sim = simulate(p, mode_for(case["mode"], p, args.seed), tau, args.proj_steps, compute, net, nbytes=args.nbytes)
+        sim = simulate(p, mode_for(case["mode"], p, args.seed), tau, args.proj_steps, compute, net, nbytes=args.nbytes,
+                       control_plane=plane)
         row = {**case, "tau": tau, "rounds": sim.rounds, "seconds": sim.seconds, "posts": sim.posts,
                "posts_per_s": sim.posts_per_second, "rounds_per_s": sim.rounds_per_second,
                "staleness_mean": sim.staleness_mean, "staleness_max": sim.staleness_max,
                "contributors_mean": sim.contributors_mean, "coordinator_busy": sim.coordinator_busy_s / sim.seconds,
                "sim_wall_s": time.time() - t}
         if case["mode"] in ("sync", "solo"):  # the same with free communication (replay)
-            free = simulate(p, mode_for(case["mode"], p), tau, args.proj_steps, compute, NetworkModel.free())
+            free = simulate(p, mode_for(case["mode"], p), tau, args.proj_steps, compute, NetworkModel.free(),
+                            control_plane=plane)
             row["free_posts_per_s"] = free.posts_per_second
         out.append(row)
-        print(f"  P={p:5d} {case['pattern']:>16} {case['mode']:>10}: {row['posts_per_s']:9.1f} posts/s, "
+        print(f"  {plane:>9} P={p:5d} {case['pattern']:>16} {case['mode']:>10}: {row['posts_per_s']:9.1f} posts/s, "
               f"{row['rounds_per_s']:6.1f} rounds/s, coordinator busy {row['coordinator_busy']:.0%} "
               f"({row['sim_wall_s']:.1f} s)", flush=True)
     return out
@@ -391,6 +455,114 @@ def projection_table(proj: list[dict], args) -> str:
         lines.append(f"| {p} | {pattern} | {sync:.0f} | " + " | ".join(cells) +
                      f" | {solo['free_posts_per_s'] / by['sync']['free_posts_per_s']:.2f}x | "
                      f"{solo['staleness_mean']:.2f} / {solo['staleness_max']} | {busy} |")
+    return "\n".join(lines)
+
+
+# ===== 4. the control planes side by side ========================================================
+
+PLANES = ("central", "decentral")
+# the issue's targets for the decentralized plane (tau = 8, 20 ms steps, 100 ms delays)
+TARGETS = {("1 rank/step", 1024): 3.0, ("1 rank/step", 4096): 2.5}
+
+
+def planes_cases(args) -> list[dict]:
+    """One slow rank per step at every size; balanced and P/32 slow ranks per step at ``--planes-detail``."""
+    steps = {int(k): int(v) for k, v in (x.split(":") for x in args.planes_steps.split(","))}
+    cases = []
+    for p in [int(x) for x in args.planes_sizes.split(",")]:
+        patterns = [("1 rank/step", 1)]
+        if p == args.planes_detail:
+            patterns += [("balanced", 0), ("P/32 ranks/step", p // 32)]
+        for label, k in patterns:
+            cases.append({"P": p, "pattern": label, "delayed_per_step": k, "steps": steps.get(p, args.proj_steps)})
+    return cases
+
+
+def compare_planes(args, net: NetworkModel) -> list[dict]:
+    """Sync and solo under both control planes, each also with free communication."""
+    out = []
+    step_s, delay_s = args.step_ms / 1000, args.delay_ms / 1000
+    for case in planes_cases(args):
+        p, k, steps = case["P"], case["delayed_per_step"], case["steps"]
+        for plane in PLANES:
+            for mode in ("sync", "solo"):
+                compute = random_delays(p, step_s, delay_s if k else 0.0, args.seed, max(1, k))
+                tau = 0 if mode == "sync" else args.max_staleness
+                t = time.time()
+                sim = simulate(p, mode_for(mode, p, args.seed), tau, steps, compute, net, nbytes=args.nbytes,
+                               control_plane=plane)
+                wall = time.time() - t
+                free = simulate(p, mode_for(mode, p, args.seed), tau, steps, compute, NetworkModel.free(),
+                                control_plane=plane)
+                row = {**case, "control_plane": plane, "mode": mode, "tau": tau, "rounds": sim.rounds,
+                       "seconds": sim.seconds, "posts": sim.posts, "posts_per_s": sim.posts_per_second,
+                       "rounds_per_s": sim.rounds_per_second, "staleness_mean": sim.staleness_mean,
+                       "staleness_max": sim.staleness_max, "busy_max": sim.busy_max_s / sim.seconds,
+                       "coordinator_busy": sim.coordinator_busy_s / sim.seconds,
+                       "messages_per_round_max": sim.messages_per_round_max,
+                       "messages_per_round_mean": sim.messages_per_round_mean,
+                       "free_posts_per_s": free.posts_per_second, "free_rounds": free.rounds,
+                       "sim_wall_s": wall, "free_wall_s": time.time() - t - wall}
+                out.append(row)
+                print(f"  P={p:5d} {case['pattern']:>16} {plane:>9} {mode:>5} ({steps} steps): "
+                      f"{row['posts_per_s']:9.1f} posts/s (free {row['free_posts_per_s']:9.1f}), "
+                      f"{row['rounds']} rounds, busiest engine {row['busy_max']:.0%}, "
+                      f"{row['messages_per_round_max']:.1f} messages/round at the busiest rank "
+                      f"({wall:.0f} s + {row['free_wall_s']:.0f} s free)", flush=True)
+    return out
+
+
+def _planes_by(rows):
+    by = {}
+    for r in rows:
+        by[(r["P"], r["pattern"], r["control_plane"], r["mode"])] = r
+    return by
+
+
+def planes_table(rows: list[dict]) -> str:
+    by = _planes_by(rows)
+    lines = ["| P | pattern | steps | sync posts/s | solo/sync, central | solo/sync, decentral | "
+             "free-communication ceiling | decentral / ceiling | busiest engine, central / decentral | "
+             "target (decentral) |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    keys = sorted({(r["P"], r["pattern"]) for r in rows}, key=lambda k: (k[1] != "1 rank/step", k[0], k[1]))
+    for p, pattern in keys:
+        ratio, busy = {}, {}
+        for plane in PLANES:
+            sync, solo = by[(p, pattern, plane, "sync")], by[(p, pattern, plane, "solo")]
+            ratio[plane] = solo["posts_per_s"] / sync["posts_per_s"]
+            busy[plane] = solo["busy_max"]
+        sync, solo = by[(p, pattern, "decentral", "sync")], by[(p, pattern, "decentral", "solo")]
+        ceiling = solo["free_posts_per_s"] / sync["free_posts_per_s"]
+        c_sync, c_solo = by[(p, pattern, "central", "sync")], by[(p, pattern, "central", "solo")]
+        c_ceiling = c_solo["free_posts_per_s"] / c_sync["free_posts_per_s"]
+        ceiling_cell = f"{ceiling:.2f}x" if abs(ceiling - c_ceiling) < 0.005 else f"{ceiling:.2f}x ({c_ceiling:.2f}x central)"
+        target = TARGETS.get((pattern, p))
+        if pattern == "balanced":
+            goal = f">= 0.9x: {'met' if ratio['decentral'] >= 0.9 else 'missed'}"
+        elif pattern.startswith("P/32"):
+            goal = f">= 0.9 of ceiling: {'met' if ratio['decentral'] / ceiling >= 0.9 else 'missed'}"
+        elif target is not None:
+            goal = f">= {target:g}x: {'met' if ratio['decentral'] >= target else 'missed'}"
+        else:
+            goal = "-"
+        fmt = lambda b: "saturated" if b >= 0.99 else f"{b:.0%}"  # noqa: E731
+        lines.append(f"| {p} | {pattern} | {solo['steps']} | {sync['posts_per_s']:.0f} | {ratio['central']:.2f}x | "
+                     f"{ratio['decentral']:.2f}x | {ceiling_cell} | {ratio['decentral'] / ceiling:.2f} | "
+                     f"{fmt(busy['central'])} / {fmt(busy['decentral'])} | {goal} |")
+    return "\n".join(lines)
+
+
+def planes_messages_table(rows: list[dict]) -> str:
+    by = _planes_by(rows)
+    lines = ["| P | log2 P | central: busiest rank (rank 0) | central: mean | decentral: busiest rank | "
+             "decentral: mean | decentral busiest / log2 P |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for p in sorted({r["P"] for r in rows}):
+        c, d = by[(p, "1 rank/step", "central", "solo")], by[(p, "1 rank/step", "decentral", "solo")]
+        lines.append(f"| {p} | {math.log2(p):.0f} | {c['messages_per_round_max']:.1f} | {c['messages_per_round_mean']:.1f} | "
+                     f"{d['messages_per_round_max']:.1f} | {d['messages_per_round_mean']:.1f} | "
+                     f"{d['messages_per_round_max'] / math.log2(p):.2f} |")
     return "\n".join(lines)
 
 
@@ -484,6 +656,16 @@ def main(argv=None):
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--out", default="paper_scale")
     parser.add_argument("--replot", action="store_true", help="only redraw the plots from results/<out>.json")
+    parser.add_argument("--control-plane", choices=("central", "decentral", "both"), default="central",
+                        help="the control plane of the projection (3)")
+    parser.add_argument("--planes", action="store_true", help="also compare the control planes side by side (4)")
+    parser.add_argument("--planes-only", action="store_true",
+                        help="only the side-by-side comparison (4): no validation, no projection")
+    parser.add_argument("--planes-sizes", default="256,1024,4096")
+    parser.add_argument("--planes-detail", type=int, default=1024,
+                        help="the size at which balanced and P/32 slow ranks per step are compared too")
+    parser.add_argument("--planes-steps", default="256:30,1024:30,4096:10",
+                        help="steps per rank of the comparison, per size (others: --proj-steps)")
     args = parser.parse_args(argv)
     if args.calibrate_worker:
         out, iters, gap, host_bytes = args.calibrate_worker
@@ -492,13 +674,19 @@ def main(argv=None):
     if args.replot:
         with open(os.path.join(RESULTS, args.out + ".json")) as fh:
             saved = json.load(fh)
-        for path in plots(saved["validation"], saved["projection"], argparse.Namespace(**{**saved["args"], "out": args.out})):
+        shown = [r for r in saved["projection"] if r.get("control_plane", "central") == "central"] or saved["projection"]
+        for path in plots(saved["validation"], shown, argparse.Namespace(**{**saved["args"], "out": args.out})):
             print("wrote", os.path.relpath(path, ROOT))
         return
     if args.quick:
         args.iters, args.proj_sizes, args.proj_steps = 5, "8,64", 10
+        args.planes_sizes, args.planes_detail, args.planes_steps = "64,128", 128, "64:10,128:10"
         if args.out == "paper_scale":
             args.out = "paper_scale_quick"
+    if args.planes_only:
+        args.planes = True
+        if args.out in ("paper_scale", "paper_scale_quick"):
+            args.out += "_planes"
         if not args.skip_calibration:
             args.network = os.path.join(RESULTS, "paper_scale_quick_network.json")
     os.makedirs(RESULTS, exist_ok=True)
@@ -516,11 +704,17 @@ def main(argv=None):
             net_path = new_result_path(os.path.basename(net_path))  # never over a published file
         with open(net_path, "w") as fh:
             json.dump(calibration, fh, indent=1)
-    net = NetworkModel.from_dict(calibration["network"])
+    planes = list(PLANES) if args.control_plane == "both" else [args.control_plane]
+    if "decentral" in planes or args.planes:
+        net = with_view_cost(calibration)
+    else:
+        net = NetworkModel.from_dict(calibration["network"])
     print("network model:", json.dumps(net.to_dict(), indent=1))
 
-    val, summary = [], None
-    if os.path.exists(args.throughput):
+    val, summary, proj, comparison = [], None, [], []
+    if args.planes_only:
+        pass
+    elif os.path.exists(args.throughput):
         with open(args.throughput) as fh:
             exp1 = json.load(fh)
         rows = [r for r in exp1["rows"] if 2 <= r["P"] <= 8]
@@ -529,8 +723,13 @@ def main(argv=None):
         summary = validation_summary(val)
     else:
         print(f"no {args.throughput}: run benchmarks/paper_throughput.py first; skipping the validation")
-    print("projecting ...", flush=True)
-    proj = project(args, net)
+    if not args.planes_only:
+        for plane in planes:
+            print(f"projecting ({plane} control plane) ...", flush=True)
+            proj += project(args, net, plane)
+    if args.planes:
+        print("comparing the control planes ...", flush=True)
+        comparison = compare_planes(args, net)
     info["loadavg_at_end"] = os.getloadavg()
     info["wall_seconds"] = time.time() - started
 
@@ -543,9 +742,17 @@ def main(argv=None):
     for key, value in net.to_dict().items():
         if key != "source":
             lines.append(f"| {key} | {value:.3g} |")
+    if "view" in calibration.get("local", {}):
+        view = calibration["local"]["view"]
+        lines += ["", "view_per_rank_s: the decentralized plane's work per round and rank (`DecentralStream.on_reduced`: "
+                  "the round's results and the next round's view from the (4, P) facts), timed in-process; ms per round: "
+                  + ", ".join(f"P={x['P']} {'balanced' if x['balanced'] else '1 slow'} {x['seconds_per_round'] * 1e3:.3f}"
+                              for x in view["samples"])
+                  + f"; fit {view['intercept_s'] * 1e6:.1f} us + {view['view_per_rank_s'] * 1e9:.1f} ns x P "
+                  "(the intercept is priced as one event's handling, coordinator_s)."]
     lines += ["", "Calibration points (measured / model, ms):", "",
               "| what | P | bytes | poster | measured | model |", "|---|---:|---:|---:|---:|---:|"]
-    for kind in ("reduce", "activation"):
+    for kind in ("reduce", "activation") if "residuals" in calibration else ():
         for r in calibration["residuals"][kind]:
             lines.append(f"| {kind} | {r['P']} | {r['nbytes']} | {r.get('poster', '-')} | {r['measured'] * 1e3:.2f} | "
                          f"{r['model'] * 1e3:.2f} |")
@@ -561,20 +768,34 @@ def main(argv=None):
                   f"(replay: median {s['replay_rounds_per_s']['median_abs_error']:.1%}, "
                   f"{s['replay_rounds_per_s']['within_tolerance']}/{s['replay_rounds_per_s']['cases']} within 15%).", "",
                   validation_table(val)]
-    lines += ["", f"### Projection ({args.proj_steps} steps per rank of {args.step_ms:g} ms, delays {args.delay_ms:g} ms, "
-              f"gradient {args.nbytes >> 10} KiB, max_staleness={args.max_staleness})", "",
-              "Throughput ratio to sync (posts/s, same work per rank). 'free communication' = solo over sync, both "
-              "replayed with free communication (the protocol's ceiling); 'coordinator busy' = fraction of the run "
-              "rank 0's engine spends coordinating (saturated: the coordinator is the bottleneck).", "",
-              projection_table(proj, args)]
+    for plane in planes if proj else ():
+        lines += ["", f"### Projection ({args.proj_steps} steps per rank of {args.step_ms:g} ms, delays {args.delay_ms:g} ms, "
+                  f"gradient {args.nbytes >> 10} KiB, max_staleness={args.max_staleness}, {plane} control plane)", "",
+                  "Throughput ratio to sync (posts/s, same work per rank). 'free communication' = solo over sync, both "
+                  "replayed with free communication (the protocol's ceiling); 'coordinator busy' = fraction of the run "
+                  "rank 0's engine spends serving its control policy (saturated: the coordinator is the bottleneck).", "",
+                  projection_table([r for r in proj if r["control_plane"] == plane], args)]
+    if comparison:
+        lines += ["", f"### The control planes side by side ({args.step_ms:g} ms steps, delays {args.delay_ms:g} ms, "
+                  f"gradient {args.nbytes >> 10} KiB, max_staleness={args.max_staleness})", "",
+                  "Solo over sync (posts/s, same work per rank) with rank 0's coordinator (central) and without it "
+                  "(decentral). 'free-communication ceiling' = solo over sync, both with free communication "
+                  "(decentral plane; the central one's in brackets where it differs); 'busiest engine' = the largest "
+                  "fraction of the run one rank's engine spends serving its control policy (rank 0 for central).", "",
+                  planes_table(comparison), "",
+                  "Control messages per rank per round (solo, one slow rank per step, sent plus received, between "
+                  "ranks; registration and flush included; liveness apart), counted by the simulator:", "",
+                  planes_messages_table(comparison)]
     text = "\n".join(lines)
     print(text)
     with open(new_result_path(args.out + ".md"), "w") as fh:
         fh.write(text + "\n")
     with open(new_result_path(args.out + ".json"), "w") as fh:
         json.dump({"command": command.strip(), "args": vars(args), "machine": info, "network": net.to_dict(),
-                   "validation": val, "validation_summary": summary, "projection": proj}, fh, indent=1)
-    for path in plots(val, proj, args):
+                   "validation": val, "validation_summary": summary, "projection": proj,
+                   "planes": comparison}, fh, indent=1)
+    shown = [r for r in proj if r["control_plane"] == planes[0]]
+    for path in plots(val, shown, args) if (val or shown) else ():
         print("wrote", os.path.relpath(path, ROOT))
 
 

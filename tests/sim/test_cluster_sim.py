@@ -166,3 +166,118 @@ def test_nonnegative_least_squares_clips_at_zero():
     assert fit_linear([1, 2, 3], [2.0, 4.0, 6.0]) == pytest.approx((0.0, 2.0), abs=1e-12)
     with pytest.raises(ValueError):
         nonnegative_least_squares(np.ones((3, 2)), np.ones(4))
+
+
+# -- the control plane -------------------------------------------------------------------------------
+
+def _decentral_available() -> bool:
+    import inspect
+
+    from hvd_partial.transport.loopback import LoopbackWorld
+    return "control_plane" in inspect.signature(LoopbackWorld.__init__).parameters
+
+
+needs_decentral = pytest.mark.skipif(not _decentral_available(), reason="LoopbackWorld has no control_plane yet")
+
+
+def test_central_figures_are_pinned():
+    """The figures of the central plane as the simulator gave them before its cost
+    model served every rank's control messages (commit 732970b): they must not move."""
+    pinned = {"sync": (12, 1.48615016, 0.0025584000000003354), "solo": (20, 0.668646400000004, 0.0184692000000021),
+              "majority": (20, 0.6450264000000003, 0.01846920000000482),
+              "majority_q": (17, 0.6740520000000028, 0.017407200000002926)}
+    modes = {"sync": Sync(), "solo": Solo(), "majority": Majority(seed=3), "majority_q": Majority(seed=1, quorum=8)}
+    for name, mode in modes.items():
+        r = simulate(16, mode, 0 if name == "sync" else 4, 12, random_delays(16, 0.02, 0.1, seed=2), NET,
+                     nbytes=1 << 20)
+        assert (r.rounds, r.seconds, r.coordinator_busy_s) == pytest.approx(pinned[name], rel=1e-12, abs=1e-15), name
+        assert r.control_plane == "central"
+
+
+def test_central_messages_go_through_rank_0():
+    r = simulate(16, Solo(), 8, 10, random_delays(16, 0.02, 0.1, seed=1))
+    # every other rank reports each post to rank 0 and hears every round start: rank 0 handles the most
+    assert r.messages_max > 15 * r.rounds
+    assert r.busy_max_s == r.coordinator_busy_s
+
+
+def test_unknown_control_plane_is_refused():
+    with pytest.raises(ValueError, match="control_plane"):
+        simulate(2, Solo(), 1, 1, lambda j, s: 0.0, control_plane="hierarchical")
+
+
+def test_message_costs_grow_with_the_ranks_a_message_carries():
+    from hvd_partial.core.messages import Post, Start
+    from hvd_partial.sim.cluster import ranks_carried
+
+    assert ranks_carried(Start(0, 7, 1, lag=tuple([1] * 12))) == 12
+    assert ranks_carried(Post(3, 0, 1, 0, 1, True)) == 0
+    net = NetworkModel(coordinator_s=1e-6, coordinator_per_rank_s=1e-8, view_per_rank_s=1e-9)
+    assert net.handling_seconds(1000, walks_ranks=False) == 1e-6
+    assert net.handling_seconds(1000, walks_ranks=True) == net.coordinator_seconds(1000) == pytest.approx(1.1e-5)
+    assert net.view_seconds(1000) == pytest.approx(1e-6)
+
+
+def _conserved(sim) -> float:
+    """Everything posted, as summed into rank 0's rounds (each post is a one)."""
+    return sum(float(r.array[0]) for r in sim.world.results(0) if r.array is not None)
+
+
+@needs_decentral
+@pytest.mark.parametrize("p", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("tau", [0, 1, 4])
+def test_decentral_free_network_conserves_and_bounds_staleness(p, tau):
+    from hvd_partial.sim.cluster import ClusterSimulator
+
+    for mode in modes_for(p):
+        for delay in (0.0, 0.07):
+            compute = sleeper_schedule(p, 0.02, delay, seed=p + tau)
+            sim = ClusterSimulator(p, mode, tau, 25, compute, NetworkModel.free(), control_plane="decentral")
+            r = sim.run()
+            assert r.posts == 25 * p
+            assert _conserved(sim) == 25 * p, (p, mode, tau, delay)
+            assert r.staleness_max <= (0 if mode.kind == "sync" else tau)
+            a = replay(p, mode, tau, 25, compute)
+            if mode.kind == "sync" or tau == 0 or delay == 0.0:
+                # no choice of initiator: the rounds are those of the rules with a coordinator
+                assert (r.rounds, r.seconds) == (a.rounds, a.seconds), (p, mode, tau, delay)
+
+
+@needs_decentral
+@pytest.mark.parametrize("mode", [Solo(), Majority(seed=2), Majority(seed=5, quorum=3)])
+@pytest.mark.parametrize("tau", [1, 3])
+def test_decentral_staleness_bound_and_conservation_under_network_costs(mode, tau):
+    from hvd_partial.sim.cluster import ClusterSimulator
+
+    sim = ClusterSimulator(6, mode, tau, 30, random_delays(6, 0.01, 0.04, seed=7, delayed_per_step=2),
+                           NET.replace(view_per_rank_s=1e-8), nbytes=1 << 16, control_plane="decentral")
+    r = sim.run()
+    assert 0 < r.staleness_max <= tau
+    assert r.posts == 6 * 30 and _conserved(sim) == 6 * 30
+    assert r.control_plane == "decentral"
+
+
+@needs_decentral
+def test_decentral_spreads_the_control_work():
+    """A slow engine saturates the coordinator; without one, no rank handles more
+    than O(log P) control messages per round, and solo keeps its speed."""
+    compute = random_delays(64, 0.01, 0.05, seed=0)
+    slow = NetworkModel(coordinator_s=2e-4, message_latency_s=1e-4)
+    central = simulate(64, Solo(), 8, 12, compute, slow)
+    decentral = simulate(64, Solo(), 8, 12, compute, slow, control_plane="decentral")
+    free = simulate(64, Solo(), 8, 12, compute, control_plane="decentral")
+    assert central.busy_max_s > 0.5 * central.seconds  # the coordinator is the bottleneck
+    assert decentral.busy_max_s < 0.2 * decentral.seconds
+    assert decentral.seconds < central.seconds
+    assert decentral.seconds < 1.5 * free.seconds
+    assert central.messages_per_round_max > 100  # 2 (P - 1) at rank 0
+    assert decentral.messages_per_round_max <= 3 * math.log2(64)
+
+
+@needs_decentral
+def test_decentral_deterministic():
+    compute = random_delays(8, 0.02, 0.1, seed=4, delayed_per_step=2)
+    a = simulate(8, Majority(seed=1, quorum=4), 4, 20, compute, NET, nbytes=4096, control_plane="decentral")
+    b = simulate(8, Majority(seed=1, quorum=4), 4, 20, random_delays(8, 0.02, 0.1, seed=4, delayed_per_step=2),
+                 NET, nbytes=4096, control_plane="decentral")
+    assert a == b
