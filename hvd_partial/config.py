@@ -84,6 +84,10 @@ class Config:
     stall_shutdown_seconds: float = 0.0
     #: Rank 0 logs the slow-rank report at INFO this often; 0 = never.
     report_seconds: float = 60.0
+    #: Who starts the rounds of solo and majority streams: ``decentral`` (the
+    #: ranks themselves, O(log P) control messages per rank per round) or
+    #: ``central`` (rank 0 decides every round; the earlier design).
+    control_plane: str = "central"
 
     def __post_init__(self):
         if self.max_staleness < 0:
@@ -98,6 +102,8 @@ class Config:
             raise ConfigError(f"abort_grace_seconds must be >= 0, got {self.abort_grace_seconds}")
         if self.fusion_threshold_bytes <= 0:
             raise ConfigError(f"fusion_threshold_bytes must be > 0, got {self.fusion_threshold_bytes}")
+        if self.control_plane not in ("central", "decentral"):
+            raise ConfigError(f"control_plane must be 'central' or 'decentral', got {self.control_plane!r}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {self.log_level!r}")
         from .config_env import check_extra_fields

@@ -22,11 +22,16 @@ Example::
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
-from ..errors import EngineError
+from ..errors import ConfigError, EngineError
+from ..modes import mode_from_description
 from .coordinator import Coordinator
-from .messages import Flush, Goodbye, Post, Register
+from .decentral.facts import FIELDS
+from .decentral.messages import Join, Send
+from .decentral.stream import DecentralStream
+from .messages import Flush, Goodbye, Post, Register, Start
 
 COORDINATOR_RANK = 0
 # The coordinator's method for each report (looked up on the instance, so that a profiler can wrap it).
@@ -59,7 +64,13 @@ class CentralControl:
         """Whether this rank's completion of a round of ``stream`` feeds a decision."""
         return self.coordinator is not None and not stream.sync
 
-    def round_completed(self, stream, launch) -> None:
+    def registered(self, stream) -> None:
+        """``stream`` got its id here and holds this rank's first post."""
+
+    def fail(self, error: Exception) -> None:
+        """This rank failed: decide nothing more."""
+
+    def round_completed(self, stream, launch, result=None) -> None:
         """This rank completed ``launch`` of ``stream``."""
         if self.coordinator is None or stream.sync or launch.facts is None or launch.facts.round is None:
             return
@@ -70,3 +81,118 @@ class CentralControl:
         for message in messages:
             for dest in range(self.size):
                 send(dest, message)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMessage:
+    """A decentralized stream's message to a peer: ``message`` is for stream ``stream`` (its id)."""
+
+    stream: int
+    message: Any
+
+
+class _RegistrationOnly(CentralControl):
+    """Rank 0 still agrees once per stream on its registration (the id that
+    orders the streams' communicators, and the signature check), on sync
+    streams' flushes and on shutdown; it decides no round of a solo or
+    majority stream: each rank starts round 0 itself once registered."""
+
+    def _broadcast(self, messages) -> None:
+        super()._broadcast([m for m in messages if not (isinstance(m, Start) and m.round is not None)])
+
+
+class DecentralControl:
+    """No coordinator for rounds: every solo and majority stream runs a
+    :class:`~hvd_partial.core.decentral.stream.DecentralStream` on every rank,
+    which starts rounds here (``start(stream_id, round, facts)``), floods
+    activations to hypercube neighbours and gathers catch-up, flush and quorum
+    notices, O(log P) messages per rank per round (docs/control-plane.md).
+    Registration, sync streams' flushes and shutdown go through rank 0, once
+    per stream or per shutdown, never per round.
+    """
+
+    def __init__(self, rank: int, size: int, send: Callable[[int, object], None],
+                 start: Callable[[int, int, object], None]):
+        self.rank = rank
+        self.size = size
+        self._send = send
+        self._start = start
+        self._central = _RegistrationOnly(rank, size, send)
+        self.coordinator = self._central.coordinator  # registration and shutdown only
+        self.streams: dict[int, DecentralStream] = {}
+        self._signatures: dict[str, object] = {}
+
+    def report(self, message) -> None:
+        kind = type(message)
+        if kind is Post:
+            stream = self.streams.get(message.stream)
+            if stream is not None:
+                self._carry_out(message.stream, stream.post(None))
+                return
+        elif kind is Flush:
+            stream = self.streams.get(message.stream)
+            if stream is not None:
+                self._carry_out(message.stream, stream.flush())
+                return
+        elif kind is Register:
+            self._signatures[message.name] = message.signature
+        self._central.report(message)
+
+    def registered(self, stream) -> None:
+        signature = self._signatures.pop(stream.name, None)
+        if stream.sync or signature is None:
+            return
+        mode = mode_from_description(signature.mode)
+        if mode.kind not in ("solo", "majority"):
+            raise ConfigError(f"stream {stream.name!r}: no decentralized rounds for mode {mode.kind!r}")
+        machine = DecentralStream(self.rank, self.size, mode.kind, signature.max_staleness, stream.name,
+                                  seed=getattr(mode, "seed", 0), quorum=getattr(mode, "quorum", None),
+                                  external_registration=True)
+        self.streams[stream.id] = machine
+        stream.read_facts = self._facts_reader(machine)
+        machine.post(None)  # the first post, which the registration carried
+        self._carry_out(stream.id, machine.registered())
+
+    def on_message(self, source: int, message) -> None:
+        if type(message) is StreamMessage:
+            self._carry_out(message.stream, self.streams[message.stream].on_message(source, message.message))
+        else:
+            self._central.on_message(source, message)
+
+    def decides_completion(self, stream) -> bool:
+        return stream.id not in self.streams and self._central.decides_completion(stream)
+
+    def round_completed(self, stream, launch, result=None) -> None:
+        machine = self.streams.get(stream.id)
+        if machine is None:
+            self._central.round_completed(stream, launch)
+            return
+        self._carry_out(stream.id, machine.on_reduced(launch.round, None, stream.last_facts.reshape(FIELDS, self.size),
+                                                      result))
+
+    def fail(self, error: Exception) -> None:
+        for machine in self.streams.values():
+            machine.fail(error)
+
+    def _facts_reader(self, machine: DecentralStream):
+        shape = (FIELDS, self.size)
+        return lambda flat: machine.read_facts(flat.reshape(shape))
+
+    def _carry_out(self, sid: int, actions) -> None:
+        """Do what the stream's state machine asks (its Complete actions are
+        the driver's own: the rank stream wakes the same calls)."""
+        for action in actions:
+            kind = type(action)
+            if kind is Send:
+                self._send(action.dest, StreamMessage(sid, action.message))
+            elif kind is Join:
+                self._start(sid, action.round, action.facts)
+
+
+def make_control(kind: str, rank: int, size: int, send, start):
+    """The control policy named ``kind``: ``"central"`` or ``"decentral"``."""
+    if kind == "central":
+        return CentralControl(rank, size, send)
+    if kind == "decentral":
+        return DecentralControl(rank, size, send, start)
+    raise ConfigError(f"control_plane must be 'central' or 'decentral', got {kind!r}")

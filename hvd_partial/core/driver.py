@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..errors import MismatchError, StreamConflictError
-from .control import CentralControl
+from .control import make_control
 from .messages import Closed, FlushBegun, Goodbye, Register, Registered, Rejected, Start
 from .rank_stream import Launch, RankStream, Waiter
 from .round_result import RoundResult
@@ -57,13 +57,13 @@ class DriverHost(Protocol):
 class Driver:
     """The protocol of every stream of one rank."""
 
-    def __init__(self, rank: int, size: int, host: DriverHost, control=None):
+    def __init__(self, rank: int, size: int, host: DriverHost, control_plane: str = "central"):
         self.rank = rank
         self.size = size
         self.host = host
-        # The policy sends through the driver, which holds its host as given
+        # The policy sends and starts rounds through the driver, which holds its host as given
         # (the engine passes a weak proxy: no cycle keeps a stopped engine alive).
-        self.control = control if control is not None else CentralControl(rank, size, self._send)
+        self.control = make_control(control_plane, rank, size, self._send, self._start_round)
         self.streams: dict[str, RankStream] = {}
         self.by_id: dict[int, RankStream] = {}
         self._held: dict[str, tuple] = {}  # first posts waiting for registration: (buffers, owned, waiter)
@@ -116,8 +116,9 @@ class Driver:
         """Some post or flush of this rank is not done."""
         return bool(self._held) or any(s.waiter is not None for s in self.streams.values())
 
-    def fail(self) -> list[Waiter]:
+    def fail(self, error: Exception | None = None) -> list[Waiter]:
         """Forget every call in progress (this rank failed); returns their waiters."""
+        self.control.fail(error)
         out = [w for _, _, w in self._held.values()]
         self._held.clear()
         for stream in self.streams.values():
@@ -148,7 +149,7 @@ class Driver:
         self.host.reduced(stream, launch, result)
         if waiter is not None:
             self.host.finished(stream, waiter)
-        self.control.round_completed(stream, launch)
+        self.control.round_completed(stream, launch, result)
         if self.leaving:
             self._progress_leaving()
         return result
@@ -166,6 +167,7 @@ class Driver:
         self.host.stream_registered(stream)
         buffers, owned, waiter = self._held.pop(message.name)
         self._after_post(stream, waiter, *stream.post(buffers, owned, waiter, registered=False))
+        self.control.registered(stream)
         if self.leaving:
             self._to_flush.add(message.stream)
 
@@ -189,6 +191,11 @@ class Driver:
 
     def _send(self, dest: int, message) -> None:
         self.host.send(dest, message)
+
+    def _start_round(self, sid: int, round_number: int, facts) -> None:
+        """The control policy started a round here (with this rank's ``facts``)."""
+        stream = self.by_id[sid]
+        self.host.launch(stream, stream.on_start(Start(sid, round_number, None, local_facts=facts)))
 
     def _after_post(self, stream: RankStream, waiter: Waiter, msg, launch, done) -> None:
         if msg is not None:

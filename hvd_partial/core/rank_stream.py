@@ -96,6 +96,10 @@ class RankStream:
         self.last_included: dict[int, int] = {}
         # Sync streams: set while some rank flushes (FlushBegun), until the flush round.
         self.flush_begun: FlushBegun | None = None
+        # Set by the decentralized control plane: reads a round's reduced facts
+        # into (contributors, staleness, initiator, flush); the facts are kept in last_facts.
+        self.read_facts = None
+        self.last_facts = None
 
     # -- compute-thread requests (run on the engine thread) ---------------------
 
@@ -171,12 +175,15 @@ class RankStream:
         # Everything posted before this message reached the engine joins the round.
         items = list(self.pending)
         self.pending.clear()
-        P = self.world_size
-        facts = np.zeros(3 * P, dtype=np.int64)
-        if items:
-            facts[self.rank] = 1
-            facts[P + self.rank] = start.round - items[0].computed_for
-            facts[2 * P + self.rank] = items[-1].seq
+        if start.local_facts is not None:
+            facts = start.local_facts.reshape(-1)
+        else:
+            P = self.world_size
+            facts = np.zeros(3 * P, dtype=np.int64)
+            if items:
+                facts[self.rank] = 1
+                facts[P + self.rank] = start.round - items[0].computed_for
+                facts[2 * P + self.rank] = items[-1].seq
         send, owned = self._combine(items)
         return Launch(start.round, [*send, facts], start, with_facts=True, owned=[*owned, True])
 
@@ -184,16 +191,21 @@ class RankStream:
         """A round finished with the reduced ``buffers`` (None: nothing was
         contributed). Returns the waiter to wake, if it is now satisfied."""
         facts = launch.facts
+        initiator = flush = None
         if reduced is None:
             reduced = self.layout.zeros()
             contributors, staleness = [], {}
             self.last_included = {}
         elif launch.with_facts:
             gathered, reduced = reduced[-1], reduced[:-1]
-            P = self.world_size
-            contributors = [j for j in range(P) if gathered[j]]
-            staleness = {j: int(gathered[P + j]) for j in contributors}
-            self.last_included = {j: int(gathered[2 * P + j]) for j in contributors}
+            if self.read_facts is not None:
+                self.last_facts = gathered
+                contributors, staleness, initiator, flush = self.read_facts(gathered)
+            else:
+                P = self.world_size
+                contributors = [j for j in range(P) if gathered[j]]
+                staleness = {j: int(gathered[P + j]) for j in contributors}
+                self.last_included = {j: int(gathered[2 * P + j]) for j in contributors}
         else:
             contributors, staleness = list(range(self.world_size)), {j: 0 for j in range(self.world_size)}
         if contributors and self.op is ReduceOp.AVERAGE:
@@ -201,8 +213,10 @@ class RankStream:
                 np.divide(buf, self.world_size, out=buf)
         if facts is None:
             result = RoundResult(launch.round, None, contributors, staleness)
-        else:
+        elif flush is None:
             result = RoundResult(launch.round, facts.initiator, contributors, staleness, flush=facts.flush)
+        else:
+            result = RoundResult(launch.round, initiator, contributors, staleness, flush=flush)
         arrays = self.layout.unpack(reduced)
         result.buffers = reduced
         if self.grouped:

@@ -69,10 +69,11 @@ class Engine:
         # cycle would keep every shut-down engine (with its buffers) alive
         # until a full garbage collection, which rarely comes.
         me = weakref.proxy(self)
-        self._driver = Driver(self.rank, self.size, me)
+        self._driver = Driver(self.rank, self.size, me, config.control_plane)
         self._bell = getattr(transport, "doorbell", None)
         self._intake = CommandIntake()
-        self._pacing = Pacing(config, self._bell, self.size, self._driver.control.coordinator is not None,
+        relays = config.control_plane == "decentral" or self._driver.control.coordinator is not None
+        self._pacing = Pacing(config, self._bell, self.size, relays,
                               self._intake.queue)
         self._intake.poke = self._pacing.poke
         self._reductions = Reductions(transport, self.rank, config.reduce_poll_us, self._driver.complete)
@@ -186,7 +187,7 @@ class Engine:
             log.error("rank %d: %s", self.rank, error)
         if notify:
             self._liveness.notify(error)
-        self._driver.fail()
+        self._driver.fail(error)
         waiters = list(self._calls)
         if self._shutdown_handle is not None:
             waiters.append(self._shutdown_handle)

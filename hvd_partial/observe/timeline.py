@@ -164,8 +164,8 @@ class Timeline:
         if facts is not None:
             contributors = "[" + ",".join(map(str, result.contributors)) + "]"
             stale = max(result.staleness.values(), default=0)
-            args = (f'{{"stream":{cat},"round":{_j(launch.round)},"initiator":{_j(facts.initiator)},'
-                    f'"contributors":{contributors},"max_staleness":{stale},"flush":{_j(facts.flush)},'
+            args = (f'{{"stream":{cat},"round":{_j(launch.round)},"initiator":{_j(result.initiator)},'
+                    f'"contributors":{contributors},"max_staleness":{stale},"flush":{_j(result.flush)},'
                     f'"bytes":{nbytes}}}')
         else:
             args = (f'{{"stream":{cat},"round":{_j(launch.round)},"initiator":null,"contributors":"all",'

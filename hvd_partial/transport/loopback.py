@@ -43,7 +43,7 @@ class LoopbackRank:
     def __init__(self, world: "LoopbackWorld", rank: int):
         self.world = world
         self.rank = rank
-        self.driver = Driver(rank, world.world_size, self)
+        self.driver = Driver(rank, world.world_size, self, world.control_plane)
         self.launches = world.make_queue("launches", rank, rank)  # (stream, launch) joined, not completed here
         self.waiter: Waiter | None = None  # the compute thread's call in progress
         self.taken: dict[str, list[RoundResult]] = {}  # stream -> every result taken, in order
@@ -104,8 +104,9 @@ class LoopbackWorld:
     taken results are kept (default all; the simulator keeps rank 0's only)."""
 
     def __init__(self, world_size: int, mode: Mode, op: ReduceOp, max_staleness: int, layout: Layout,
-                 keep_results=None):
+                 keep_results=None, control_plane: str = "central"):
         self.world_size = world_size
+        self.control_plane = control_plane
         self.mode = mode
         self.op = op
         self.layout = layout
@@ -196,7 +197,7 @@ class LoopbackWorld:
         rank = self.ranks[j]
         rank.failure = error
         rank.notice_due = False
-        rank.driver.fail()
+        rank.driver.fail(error)
         if rank.waiter is not None:
             rank.errors.append(error)
             rank.waiter = None

@@ -1,4 +1,6 @@
-"""The protocol core on the loopback world, over many random arrival orders.
+"""The protocol core on the loopback world, over many random arrival orders,
+with each control plane: rank 0's coordinator ("central") and the
+coordinator-free one ("decentral").
 
 Each contribution is one-hot (a distinct index per post), so conservation is
 checked exactly: every index must appear in exactly one round, with weight 1.
@@ -17,13 +19,21 @@ from hvd_partial.core.fusion import Layout
 from hvd_partial.modes import Majority, Solo, Sum, Sync
 from hvd_partial.transport.loopback import LoopbackWorld
 
+PLANES = ["central", "decentral"]
+planes = pytest.mark.parametrize("plane", PLANES)
 
-def run_schedule(world_size, mode, tau, posts_per_rank, seed, speeds, drain=False):
+
+def rounds_started(world, j=0) -> int:
+    """Rounds of the world's stream that started on rank ``j`` (all, at quiescence)."""
+    return world.ranks[j].stream.started
+
+
+def run_schedule(world_size, mode, tau, posts_per_rank, seed, speeds, drain=False, plane="central"):
     """Random schedule: compute actions of rank j happen with weight speeds[j]."""
     rng = random.Random(seed)
     total = sum(posts_per_rank)
     layout = Layout.of([np.zeros(total, dtype=np.int64)])
-    world = LoopbackWorld(world_size, mode, Sum, tau, layout)
+    world = LoopbackWorld(world_size, mode, Sum, tau, layout, control_plane=plane)
     remaining = list(posts_per_rank)
     flushed = [False] * world_size
     index = 0
@@ -69,6 +79,8 @@ def check_eagerness(world, mode, tau, flushed) -> int:
     """At quiescence, a solo post may wait only because of the staleness bound."""
     if mode.kind != "solo":
         return 0
+    if world.control_plane == "decentral":
+        return check_eagerness_decentral(world)
     coord_state = world.coordinator.streams[0] if world.coordinator.streams else None
     if coord_state is None:
         return 0
@@ -80,6 +92,18 @@ def check_eagerness(world, mode, tau, flushed) -> int:
                 if not v.flushing and not (v.taken >= r - tau + 1 or v.pending)]
     assert laggards, f"solo ranks {waiting} wait at quiescence with no laggard (round {r})"
     return 1
+
+
+def check_eagerness_decentral(world) -> int:
+    """At quiescence, a solo post waits only where the view of the next round
+    names blockers: ranks that by the shared facts may lag by the bound."""
+    waiting = [j for j, r in enumerate(world.ranks) if r.waiter is not None and r.waiter.kind == "post"
+               and r.registered]
+    for j in waiting:
+        held = world.ranks[j].driver.control.streams[0].held
+        assert held is not None and len(held.view.blockers), \
+            f"solo rank {j} waits at quiescence with no blocker in its view"
+    return 1 if waiting else 0
 
 
 def check_invariants(world, total, owner, tau, mode):
@@ -127,12 +151,13 @@ def check_invariants(world, total, owner, tau, mode):
 modes = st.sampled_from(["sync", "solo", "majority", "majority_quorum"])
 
 
+@planes
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(world_size=st.integers(1, 5), mode_name=modes, tau=st.integers(0, 3),
        posts=st.lists(st.integers(1, 6), min_size=5, max_size=5),
        speeds=st.lists(st.integers(1, 8), min_size=5, max_size=5),
        seed=st.integers(0, 2**32 - 1), mseed=st.integers(0, 3))
-def test_random_schedules_conserve_and_agree(world_size, mode_name, tau, posts, speeds, seed, mseed):
+def test_random_schedules_conserve_and_agree(plane, world_size, mode_name, tau, posts, speeds, seed, mseed):
     if mode_name == "sync":
         mode = Sync()
         posts = [posts[0]] * 5  # sync: every rank posts every round
@@ -142,7 +167,8 @@ def test_random_schedules_conserve_and_agree(world_size, mode_name, tau, posts, 
         mode = Majority(seed=mseed)
     else:
         mode = Majority(seed=mseed, quorum=(world_size + 1) // 2)
-    world, total, owner, _ = run_schedule(world_size, mode, tau, posts[:world_size], seed, speeds[:world_size])
+    world, total, owner, _ = run_schedule(world_size, mode, tau, posts[:world_size], seed, speeds[:world_size],
+                                          plane=plane)
     check_invariants(world, total, owner, tau, mode)
     for j, rank in enumerate(world.ranks):
         assert rank.waiter is None, f"rank {j} still waiting after the final flush"
@@ -150,22 +176,24 @@ def test_random_schedules_conserve_and_agree(world_size, mode_name, tau, posts, 
     assert world.results(0)[-1].flush
 
 
-def test_solo_eagerness_is_checked_over_many_schedules():
+@planes
+def test_solo_eagerness_is_checked_over_many_schedules(plane):
     checks = 0
     for seed in range(200):
         rng = random.Random(seed)
         P = rng.randint(2, 4)
         _, _, _, eager = run_schedule(P, Solo(), rng.randint(1, 3), [rng.randint(2, 6) for _ in range(P)], seed,
-                                      [rng.randint(1, 8) for _ in range(P)], drain=True)
+                                      [rng.randint(1, 8) for _ in range(P)], drain=True, plane=plane)
         checks += eager
     assert checks > 50  # the quiescent-wait check ran often enough to mean something
 
 
-def test_solo_fast_rank_does_not_wait_for_slow_one():
+@planes
+def test_solo_fast_rank_does_not_wait_for_slow_one(plane):
     """Rank 1 never computes; rank 0 keeps going until it is tau rounds ahead."""
     layout = Layout.of([np.zeros(2)])
     tau = 3
-    world = LoopbackWorld(2, Solo(), Sum, tau, layout)
+    world = LoopbackWorld(2, Solo(), Sum, tau, layout, control_plane=plane)
     world.post(0, [np.array([1.0, 0.0])])
     world.post(1, [np.array([0.0, 1.0])])
     world.run_communication()
@@ -177,7 +205,7 @@ def test_solo_fast_rank_does_not_wait_for_slow_one():
         world.run_communication()
     # rank 1 took round 0; rounds 1..tau may start without it (a gradient it
     # computes now, for round 1, is then reduced no later than round 1 + tau)
-    assert world.coordinator.streams[0].started == 1 + tau
+    assert rounds_started(world) == 1 + tau
     assert not world.idle(0)  # now rank 0 waits for the laggard
     world.post(1, [np.array([0.0, 1.0])])  # the laggard posts: it takes all rounds at once
     assert world.idle(1)
@@ -189,11 +217,12 @@ def test_solo_fast_rank_does_not_wait_for_slow_one():
     assert last.round == 1 + tau and last.staleness == {0: 0, 1: tau}
 
 
+@planes
 @pytest.mark.parametrize("P", [2, 3, 4])
-def test_majority_waits_for_designated_initiator(P):
+def test_majority_waits_for_designated_initiator(plane, P):
     layout = Layout.of([np.zeros(1)])
     mode = Majority(seed=5)
-    world = LoopbackWorld(P, mode, Sum, 8, layout)
+    world = LoopbackWorld(P, mode, Sum, 8, layout, control_plane=plane)
     for j in range(P):
         world.post(j, [np.ones(1)])
     world.run_communication()
@@ -209,34 +238,36 @@ def test_majority_waits_for_designated_initiator(P):
     assert world.results(0)[-1].initiator == designated
 
 
-def test_quorum_holds_round_until_k_ranks_have_data():
+@planes
+def test_quorum_holds_round_until_k_ranks_have_data(plane):
     P = 4
     layout = Layout.of([np.zeros(1)])
     mode = Majority(seed=1, quorum=3)
-    world = LoopbackWorld(P, mode, Sum, 8, layout)
+    world = LoopbackWorld(P, mode, Sum, 8, layout, control_plane=plane)
     for j in range(P):
         world.post(j, [np.ones(1)])
     world.run_communication()
     designated = mode.initiator("stream", 1, P)
     world.post(designated, [np.ones(1)])
     world.run_communication()
-    assert world.coordinator.streams[0].started == 1
+    assert rounds_started(world) == 1
     others = [j for j in range(P) if j != designated]
     world.post(others[0], [np.ones(1)])
     world.run_communication()
-    assert world.coordinator.streams[0].started == 1
+    assert rounds_started(world) == 1
     world.post(others[1], [np.ones(1)])
     world.run_communication()
-    assert world.coordinator.streams[0].started == 2
+    assert rounds_started(world) == 2
     assert len(world.results(designated)[-1].contributors) == 3
 
 
-def test_pending_data_is_owned_once_the_post_returns():
+@planes
+def test_pending_data_is_owned_once_the_post_returns(plane):
     """The caller may reuse its arrays after synchronize; data still pending
     must not change with them (views are copied, concatenations are not)."""
     mine = [np.ones(3, np.float32), np.ones(2, np.float32), np.ones(4, np.float64)]
     layout = Layout.of(mine)
-    world = LoopbackWorld(2, Solo(), Sum, 4, layout)
+    world = LoopbackWorld(2, Solo(), Sum, 4, layout, control_plane=plane)
     for j in range(2):
         world.post(j, [a.copy() for a in mine])
     world.run_communication()
@@ -257,7 +288,8 @@ def test_pending_data_is_owned_once_the_post_returns():
 
 # -- flushes mid-stream, shutdowns and rank failures at arbitrary points -------------------------------
 
-def run_lifecycle(world_size, mode, tau, posts_per_rank, seed, speeds, flushes=0, fail_after=None):
+def run_lifecycle(world_size, mode, tau, posts_per_rank, seed, speeds, flushes=0, fail_after=None,
+                  plane="central"):
     """A random schedule in which ranks flush between posts (``flushes`` times
     each: a sync stream's ranks at the same post counts, as it requires) and end
     with ``shutdown``; with ``fail_after``, one random rank dies after that many
@@ -265,7 +297,7 @@ def run_lifecycle(world_size, mode, tau, posts_per_rank, seed, speeds, flushes=0
     rng = random.Random(seed)
     total = sum(posts_per_rank)
     layout = Layout.of([np.zeros(total, dtype=np.int64)])
-    world = LoopbackWorld(world_size, mode, Sum, tau, layout)
+    world = LoopbackWorld(world_size, mode, Sum, tau, layout, control_plane=plane)
     remaining = list(posts_per_rank)
     if mode.kind == "sync":
         common = list(range(1, posts_per_rank[0]))
@@ -337,16 +369,19 @@ def make_mode(mode_name, world_size, mseed):
             "majority_quorum": Majority(seed=mseed, quorum=(world_size + 1) // 2)}[mode_name]
 
 
+@planes
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(world_size=st.integers(1, 5), mode_name=modes, tau=st.integers(0, 3),
        posts=st.lists(st.integers(1, 6), min_size=5, max_size=5),
        speeds=st.lists(st.integers(1, 8), min_size=5, max_size=5), flushes=st.integers(0, 2),
        seed=st.integers(0, 2**32 - 1), mseed=st.integers(0, 3))
-def test_random_schedules_with_flushes_and_shutdown(world_size, mode_name, tau, posts, speeds, flushes, seed, mseed):
+def test_random_schedules_with_flushes_and_shutdown(plane, world_size, mode_name, tau, posts, speeds, flushes, seed,
+                                                    mseed):
     mode = make_mode(mode_name, world_size, mseed)
     if mode.kind == "sync":
         posts = [posts[0]] * 5
-    world, total, owner = run_lifecycle(world_size, mode, tau, posts[:world_size], seed, speeds[:world_size], flushes)
+    world, total, owner = run_lifecycle(world_size, mode, tau, posts[:world_size], seed, speeds[:world_size], flushes,
+                                        plane=plane)
     check_invariants(world, total, owner, tau, mode)
     for j in range(world_size):
         assert world.left(j), f"rank {j} did not finish its shutdown"
@@ -356,18 +391,19 @@ def test_random_schedules_with_flushes_and_shutdown(world_size, mode_name, tau, 
     assert flush_rounds >= 1 + (flushes if mode.kind == "sync" and posts[0] > flushes else 0)
 
 
+@planes
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(world_size=st.integers(2, 5), mode_name=modes, tau=st.integers(0, 3),
        posts=st.lists(st.integers(1, 6), min_size=5, max_size=5),
        speeds=st.lists(st.integers(1, 8), min_size=5, max_size=5), flushes=st.integers(0, 1),
        fail_after=st.integers(0, 80), seed=st.integers(0, 2**32 - 1), mseed=st.integers(0, 3))
-def test_random_schedules_with_a_rank_failure(world_size, mode_name, tau, posts, speeds, flushes, fail_after, seed,
-                                              mseed):
+def test_random_schedules_with_a_rank_failure(plane, world_size, mode_name, tau, posts, speeds, flushes, fail_after,
+                                              seed, mseed):
     mode = make_mode(mode_name, world_size, mseed)
     if mode.kind == "sync":
         posts = [posts[0]] * 5
     world, total, owner = run_lifecycle(world_size, mode, tau, posts[:world_size], seed, speeds[:world_size],
-                                        flushes, fail_after=fail_after)
+                                        flushes, fail_after=fail_after, plane=plane)
     if not any(world.dead):  # the schedule ended before the failure point: it must be complete
         check_invariants(world, total, owner, tau, mode)
         assert all(world.left(j) for j in range(world_size))

@@ -97,7 +97,7 @@ class DecentralStream:
     """
 
     def __init__(self, rank: int, world_size: int, kind: str, max_staleness: int, name: str = "stream",
-                 seed: int = 0, quorum: int | None = None, signature=None):
+                 seed: int = 0, quorum: int | None = None, signature=None, external_registration: bool = False):
         if kind not in ("solo", "majority"):
             raise ValueError(f"decentralized rounds are for solo and majority streams, not {kind!r}")
         self.rank = rank
@@ -108,6 +108,9 @@ class DecentralStream:
         self.seed = seed
         self.quorum = quorum
         self.signature = signature  # compared across ranks at registration (equality)
+        # Registration agreed by someone else (the driver's registration): no
+        # registration gather; round 0 starts at registered().
+        self.external_registration = external_registration
         self.activation = Activation(rank, world_size)
         self.pending: list[_Pending] = []
         self.seq = 0
@@ -182,22 +185,39 @@ class DecentralStream:
         self._apply(held, source, msg)
         return self._progress()
 
-    def on_reduced(self, round_number: int, value, facts: np.ndarray) -> list:
+    def registered(self) -> list:
+        """Registration was agreed outside this stream (every rank posted once
+        and all agree on the stream): every rank joins round 0 on that news."""
+        if not self.external_registration or self.activation.latest >= 0:  # pragma: no cover - a caller's bug
+            raise EngineError(f"rank {self.rank}: stream {self.name!r} registered twice or by two means")
+        self.activation.start(0)  # every rank learns it alike: nothing to flood
+        return [self._join(0, initiated=False)] + self._progress()
+
+    def read_facts(self, facts: np.ndarray):
+        """``(contributors, staleness, initiator, flush)`` of the next round to
+        complete here, from its reduced ``facts`` (changes nothing)."""
+        contributors, staleness, initiator, flush = round_facts(facts, self.flushes_done)
+        if self.kind == "majority" and self.completed > 0 and not flush:
+            # the designated rank, whether it posted or stood in while flushing
+            initiator = designated_initiator(self.seed, self.name, self.completed, self.world_size)
+        return contributors, staleness, initiator, flush
+
+    def on_reduced(self, round_number: int, value, facts: np.ndarray, result: RoundResult | None = None) -> list:
         """Round ``round_number`` completed on this rank with the summed
-        ``value`` and the reduced ``facts``."""
+        ``value`` and the reduced ``facts`` (``result``: the round's result,
+        when the driver already read it from the facts)."""
         if self.failure is not None:
             return []
         if round_number != self.completed:
             raise EngineError(f"rank {self.rank}: round {round_number} completed, expected {self.completed}")
-        contributors, staleness, initiator, flush = round_facts(facts, self.flushes_done)
+        if result is None:
+            contributors, staleness, initiator, flush = self.read_facts(facts)
+            result = RoundResult(round_number, initiator, contributors, staleness, array=value, flush=flush)
+        flush = result.flush
         if flush:
             self.flushes_done += 1
             self.last_flush_round = round_number
-        if self.kind == "majority" and round_number > 0 and not flush:
-            # the designated rank, whether it posted or stood in while flushing
-            initiator = designated_initiator(self.seed, self.name, round_number, self.world_size)
-        self.results.append(RoundResult(round_number, initiator, contributors, staleness, array=value,
-                                        flush=flush))
+        self.results.append(result)
         self.completed += 1
         out: list = []
         if self.waiter is not None:
@@ -281,6 +301,8 @@ class DecentralStream:
         if self.failure is not None or held is None or self.activation.heard(held.view.round):
             return []
         view = held.view
+        if view.registration and self.external_registration:
+            return []
         c = view.round
         holds = bool(self.pending)
         out: list = []
