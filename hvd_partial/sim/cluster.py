@@ -58,7 +58,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..core.fusion import Layout
-from ..core.messages import Flush, Goodbye, Post, Register
+from ..core.messages import Closed, Flush, FlushBegun, Goodbye, Post, Register, Registered, Rejected
 from ..modes import Mode, Sum
 from ..transport.loopback import LoopbackWorld
 from .network import NetworkModel
@@ -89,15 +89,19 @@ class SimResult:
     coordinator_busy_s: float = 0.0  # time rank 0's engine spent serving its control policy
     initiators: list = field(default_factory=list)
     control_plane: str = "central"
-    busy_max_s: float = 0.0  # the busiest engine's time serving its control policy
-    busy_mean_s: float = 0.0  # the same, mean over ranks
-    # control messages between ranks (a rank's own to itself not counted), sent plus received
-    messages_max: int = 0  # at the rank that handled the most
-    messages_mean: float = 0.0  # mean over ranks
+    # the busiest engine's time serving its control policy for rounds (registration, a sync
+    # flush's check and shutdown, once per stream, apart), and the mean over ranks
+    busy_max_s: float = 0.0
+    busy_mean_s: float = 0.0
+    # control messages between ranks for rounds (a rank's own to itself, and those of registration
+    # and shutdown, not counted), sent plus received: at the rank that handled the most, mean over ranks
+    messages_max: int = 0
+    messages_mean: float = 0.0
+    setup_messages_max: int = 0  # registration and shutdown messages at the rank that handled the most
 
     @property
     def messages_per_round_max(self) -> float:
-        """Control messages sent and received by the busiest rank, per round started."""
+        """Control messages for rounds sent and received by the busiest rank, per round started."""
         return self.messages_max / max(1, self.rounds + 1)
 
     @property
@@ -157,6 +161,8 @@ class _TimedWorld(LoopbackWorld):
 CONTROL_PLANES = ("central", "decentral")
 # the reports the coordinator decides on (its decision code walks every rank)
 _COORDINATOR_REPORTS = (Register, Post, Flush, Goodbye)
+# messages once per stream or per shutdown, not per round (registration, a sync flush's check, goodbye)
+_SETUP = (Register, Registered, Rejected, FlushBegun, Goodbye, Closed)
 
 
 def ranks_carried(message) -> int:
@@ -210,8 +216,10 @@ class ClusterSimulator:
         self._send_clock: float | None = None  # while a rank serves: when its last send left
         self._server: int | None = None
         self._first_send_free = False  # a post's or flush's first send leaves at once
-        self.sent = [0] * world_size  # control messages to other ranks
-        self.received = [0] * world_size
+        self._setup = False  # serving a message of registration or shutdown
+        self.messages = [0] * world_size  # control messages for rounds to or from other ranks
+        self.setup_messages = [0] * world_size  # and those of registration and shutdown
+        self.round_busy = [0.0] * world_size  # busy, less the handling of registration and shutdown
         # reductions: per round, joins so far and the last join time; when each finished
         self.joins: dict = {}
         self.round_done: dict = {}
@@ -245,8 +253,9 @@ class ClusterSimulator:
             if queue.lane or self._server != queue.src:
                 return self.now
             return self._send_clock  # the serving engine hands it over locally
-        self.sent[queue.src] += 1
-        self.received[queue.rank] += 1
+        counts = self.setup_messages if isinstance(item, _SETUP) else self.messages
+        counts[queue.src] += 1
+        counts[queue.rank] += 1
         latency, send_cost = self._message_costs(item)
         if self._server != queue.src:
             return self.now + latency
@@ -374,19 +383,22 @@ class ClusterSimulator:
             return self.coord_cost
         return self.handle_cost
 
-    def _begin_serving(self, j: int, start: float, cost: float):
+    def _begin_serving(self, j: int, start: float, cost: float, setup: bool = False):
+        self._setup = setup
         self._server = j
         self._send_clock = start + cost
 
     def _end_serving(self, j: int, start: float):
         self.busy[j] += self._send_clock - start
+        if not self._setup:
+            self.round_busy[j] += self._send_clock - start
         self.serve_free[j] = self._send_clock
         self._send_clock = self._server = None
 
     def _serve(self, j: int):
         """Serve the first control message waiting at rank j (its engine is free now)."""
         queue = self.serving[j].popleft()
-        self._begin_serving(j, self.now, self._handling_seconds(j, queue[0]))
+        self._begin_serving(j, self.now, self._handling_seconds(j, queue[0]), isinstance(queue[0], _SETUP))
         self.world.apply(("deliver", queue.src, j, queue.lane))
         self._end_serving(j, self.now)
         self._touched.add(j)
@@ -466,9 +478,9 @@ class ClusterSimulator:
             staleness_max=int(max(contributions)) if contributions else 0,
             fresh_fraction=fresh / (len(training) * self.P) if training else 0.0,
             events=self.events, coordinator_busy_s=self.busy[0], initiators=initiators,
-            control_plane=self.control_plane, busy_max_s=max(self.busy), busy_mean_s=float(np.mean(self.busy)),
-            messages_max=max(s + r for s, r in zip(self.sent, self.received)),
-            messages_mean=float(np.mean([s + r for s, r in zip(self.sent, self.received)])))
+            control_plane=self.control_plane, busy_max_s=max(self.round_busy),
+            busy_mean_s=float(np.mean(self.round_busy)), messages_max=max(self.messages),
+            messages_mean=float(np.mean(self.messages)), setup_messages_max=max(self.setup_messages))
 
 
 def simulate(world_size: int, mode: Mode, max_staleness: int, steps: int | Sequence[int],
