@@ -3,15 +3,20 @@ coordinator-free control plane, for P = 2 .. 4096.
 
 Both are counted by running the protocol's own code, not from a formula:
 
-- today's: the coordinator (rank 0) and every rank's stream, driven by the
-  cluster simulator (:class:`hvd_partial.sim.cluster.ClusterSimulator`,
-  free network) through every event; a control message is a report to the
-  coordinator (register, post, flush, goodbye) or one copy of a message it
-  sends to another rank (registered, round start);
-- the new one: :class:`hvd_partial.core.decentral.DecentralStream` on every
-  rank of :class:`hvd_partial.sim.decentral_world.DecentralWorld`; a control
-  message is an activation, a gather report or a quorum notice, counted per
-  rank, per round, sent and received.
+- both control planes as the engine runs them: every rank's protocol driver
+  with ``control_plane="central"`` (rank 0's coordinator) or
+  ``"decentral"`` (:class:`hvd_partial.core.control.DecentralControl`),
+  driven by the cluster simulator
+  (:class:`hvd_partial.sim.cluster.ClusterSimulator`, free network) through
+  every event; a control message for rounds is one sent from one rank to
+  another (a post or flush report to the coordinator and each copy of a round
+  start; an activation, gather report or quorum notice), registration and
+  shutdown (once per stream) apart; per rank, over the run, divided by the
+  rounds started;
+- the decentralized state machine alone,
+  :class:`hvd_partial.core.decentral.DecentralStream` on every rank of
+  :class:`hvd_partial.sim.decentral_world.DecentralWorld`, counted per rank
+  and per round (the maximum over rounds), sent and received.
 
 Every rank posts ``--posts`` times (compute 20 ms, one rank 100 ms slower
 per step, as in the projection's "1 rank/step" rows), tau=8, then flushes.
@@ -22,7 +27,8 @@ per rank per period); the ring sends one (the tests measure at most 1.03).
     python benchmarks/control_plane_messages.py --quick          # P up to 256
     python benchmarks/control_plane_messages.py --coordinator-max 4096
 
-Writes benchmarks/results/control_plane_messages.{json,md}.
+Writes benchmarks/results/new/control_plane_messages.{json,md} (copy them
+over benchmarks/results/ to publish).
 """
 
 from __future__ import annotations
@@ -38,8 +44,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+for path in (ROOT, HERE):
+    if path not in sys.path:
+        sys.path.insert(0, path)
 
 import numpy as np  # noqa: E402
 
@@ -47,6 +54,7 @@ from hvd_partial.core.activation import max_hops  # noqa: E402
 from hvd_partial.modes import Solo  # noqa: E402
 from hvd_partial.sim import cluster  # noqa: E402
 from hvd_partial.sim.decentral_world import DecentralWorld  # noqa: E402
+from result_files import new_result_path  # noqa: E402
 
 SIZES = [2, 3, 4, 7, 8, 16, 32, 64, 100, 128, 256, 512, 1000, 1024, 2048, 4096]
 
@@ -63,30 +71,21 @@ def compute_for(P: int, seed: int):
     return compute
 
 
+def driver_counts(P: int, posts: int, seed: int, plane: str) -> dict:
+    """Run every rank's driver with the control plane ``plane`` (free network);
+    control messages for rounds per rank, over the run, per round started."""
+    sim = cluster.ClusterSimulator(P, Solo(), 8, posts, compute_for(P, seed), control_plane=plane)
+    result = sim.run()
+    rounds = result.rounds + 1
+    per_round = np.asarray(sim.messages, float) / rounds
+    return {"rounds": rounds, "rank0_per_round": float(per_round[0]),
+            "other_per_round": float(per_round[1]) if P > 1 else 0.0,
+            "max": float(per_round.max()), "mean": float(per_round.mean())}
+
+
 def coordinator_counts(P: int, posts: int, seed: int) -> dict:
-    """Run today's protocol; count rank 0's control messages and one other rank's."""
-    sim = cluster.ClusterSimulator(P, Solo(), 8, posts, compute_for(P, seed))
-    world = sim.world
-    counts = {"rank0": 0, "other": 0}
-    plain_apply = world.apply
-    plain_broadcast = world._broadcast
-
-    def apply(event):
-        if event[0] == "to_coordinator":
-            counts["rank0"] += event[1] != 0  # a report from another rank reaches rank 0
-            counts["other"] += event[1] == 1  # rank 1 sends it
-        return plain_apply(event)
-
-    def broadcast(messages):
-        counts["rank0"] += len(messages) * (P - 1)  # one copy to every other rank
-        counts["other"] += len(messages)  # rank 1 receives each
-        return plain_broadcast(messages)
-
-    world.apply = apply
-    world._broadcast = broadcast
-    sim.run()
-    rounds = world.ranks[0].stream.started
-    return {"rounds": rounds, "rank0_per_round": counts["rank0"] / rounds, "other_per_round": counts["other"] / rounds}
+    """Today's protocol: rank 0's control messages for rounds, and rank 1's."""
+    return driver_counts(P, posts, seed, "central")
 
 
 def decentral_counts(P: int, kind: str, posts: int, seed: int) -> dict:
@@ -123,28 +122,29 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     sizes = [P for P in args.sizes if not args.quick or P <= 256]
     rows = []
-    print(f"{'P':>5} {'log2P':>6} {'ceil':>4} | {'coordinator':>11} {'its ranks':>9} | "
+    print(f"{'P':>5} {'log2P':>6} {'ceil':>4} | {'coordinator':>11} {'its ranks':>9} | {'driver max':>10} {'mean':>5} | "
           f"{'solo max':>8} {'mean':>5} {'act':>3} | {'majority(q=P/2) max':>19} {'mean':>5} {'Ready@D':>7}  seconds")
     for P in sizes:
         t0 = time.monotonic()
         row = {"P": P, "log2P": math.log2(P), "ceil_log2P": max_hops(P)}
         if P <= args.coordinator_max:
             row["coordinator"] = coordinator_counts(P, args.posts, args.seed)
+        row["solo_driver"] = driver_counts(P, args.posts, args.seed, "decentral")
         row["solo"] = decentral_counts(P, "solo", args.posts, args.seed)
         row["majority"] = decentral_counts(P, "majority", args.posts, args.seed)
         row["seconds"] = time.monotonic() - t0
         rows.append(row)
         c = row.get("coordinator")
         coord = f"{c['rank0_per_round']:>11.1f} {c['other_per_round']:>9.1f}" if c else f"{'-':>11} {'-':>9}"
-        s, m = row["solo"], row["majority"]
-        print(f"{P:>5} {row['log2P']:>6.2f} {row['ceil_log2P']:>4} | {coord} | {s['max']:>8} {s['mean']:>5.1f} "
+        s, m, d = row["solo"], row["majority"], row["solo_driver"]
+        print(f"{P:>5} {row['log2P']:>6.2f} {row['ceil_log2P']:>4} | {coord} | {d['max']:>10.1f} {d['mean']:>5.1f} | "
+              f"{s['max']:>8} {s['mean']:>5.1f} "
               f"{s['activation_max']:>3} | {m['max']:>19} {m['mean']:>5.1f} {m['ready_max_at_designated']:>7}  "
               f"{row['seconds']:.0f}", flush=True)
     if not args.no_write:
-        os.makedirs(RESULTS, exist_ok=True)
-        with open(os.path.join(RESULTS, "control_plane_messages.json"), "w") as fh:
+        with open(new_result_path("control_plane_messages.json"), "w") as fh:
             json.dump({"posts_per_rank": args.posts, "max_staleness": 8, "rows": rows}, fh, indent=1)
-        with open(os.path.join(RESULTS, "control_plane_messages.md"), "w") as fh:
+        with open(new_result_path("control_plane_messages.md"), "w") as fh:
             fh.write(markdown(rows, args.posts))
     return 0
 
@@ -153,18 +153,22 @@ def markdown(rows, posts) -> str:
     lines = [
         "# Control messages per rank per round", "",
         f"Produced by `python benchmarks/control_plane_messages.py` ({posts} posts per rank, tau=8, one slow rank "
-        "per step). Counted by running the protocol code: today's coordinator through the cluster simulator, "
-        "the coordinator-free state machine through its event-driven world. Sent plus received; liveness apart "
+        "per step). Counted by running the protocol code: both control planes as every rank's protocol driver "
+        "runs them (`control_plane=\"central\"` / `\"decentral\"`, through the cluster simulator, over the run "
+        "divided by the rounds started, registration and shutdown apart), and the coordinator-free state machine "
+        "alone through its event-driven world (the worst round). Sent plus received; liveness apart "
         "(today P - 1 heartbeats per rank per period, the ring 1).", "",
-        "| P | log2 P | ceil(log2 P) | today: rank 0 | today: other ranks | new solo: max rank | new solo: mean "
-        "| new majority (quorum P/2): max rank | mean | quorum notices at the designated rank (max) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| P | log2 P | ceil(log2 P) | central: rank 0 | central: other ranks | decentral driver: max rank "
+        "| decentral driver: mean | state machine solo: max rank (worst round) | mean "
+        "| state machine majority (quorum P/2): max rank | mean | quorum notices at the designated rank (max) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         c = row.get("coordinator")
-        s, m = row["solo"], row["majority"]
+        s, m, d = row["solo"], row["majority"], row.get("solo_driver")
         today = f"{c['rank0_per_round']:.1f} | {c['other_per_round']:.1f}" if c else "not run | not run"
-        lines.append(f"| {row['P']} | {row['log2P']:.2f} | {row['ceil_log2P']} | {today} | {s['max']} | "
+        wired = f"{d['max']:.1f} | {d['mean']:.1f}" if d else "not run | not run"
+        lines.append(f"| {row['P']} | {row['log2P']:.2f} | {row['ceil_log2P']} | {today} | {wired} | {s['max']} | "
                      f"{s['mean']:.1f} | {m['max']} | {m['mean']:.1f} | {m['ready_max_at_designated']} |")
     return "\n".join(lines) + "\n"
 

@@ -98,6 +98,14 @@ class SimResult:
     messages_max: int = 0
     messages_mean: float = 0.0
     setup_messages_max: int = 0  # registration and shutdown messages at the rank that handled the most
+    registered_s: float = 0.0  # when the last rank completed round 0 (the stream's registration and first posts)
+
+    @property
+    def steady_posts_per_second(self) -> float:
+        """Posts per second after registration: the posts after every rank's first
+        over the time from the last rank's completion of round 0 to the end."""
+        span = self.seconds - self.registered_s
+        return (self.posts - self.world_size) / span if span > 0 else float("inf")
 
     @property
     def messages_per_round_max(self) -> float:
@@ -217,6 +225,7 @@ class ClusterSimulator:
         self._server: int | None = None
         self._first_send_free = False  # a post's or flush's first send leaves at once
         self._setup = False  # serving a message of registration or shutdown
+        self.registered_at = 0.0  # when the last rank completed round 0
         self.messages = [0] * world_size  # control messages for rounds to or from other ranks
         self.setup_messages = [0] * world_size  # and those of registration and shutdown
         self.round_busy = [0.0] * world_size  # busy, less the handling of registration and shutdown
@@ -356,6 +365,8 @@ class ClusterSimulator:
                 return
             self.world.apply(("deliver", queue.src, j, queue.lane))
         else:
+            if queue[0][1].round == 0:
+                self.registered_at = self.now
             cost = self._completion_seconds(j, queue[0][0])
             if cost is not None:  # the completion feeds the control policy: the engine serves it
                 base = max(self.now, self.serve_free[j])
@@ -480,7 +491,8 @@ class ClusterSimulator:
             events=self.events, coordinator_busy_s=self.busy[0], initiators=initiators,
             control_plane=self.control_plane, busy_max_s=max(self.round_busy),
             busy_mean_s=float(np.mean(self.round_busy)), messages_max=max(self.messages),
-            messages_mean=float(np.mean(self.messages)), setup_messages_max=max(self.setup_messages))
+            messages_mean=float(np.mean(self.messages)), setup_messages_max=max(self.setup_messages),
+            registered_s=self.registered_at)
 
 
 def simulate(world_size: int, mode: Mode, max_staleness: int, steps: int | Sequence[int],
