@@ -248,9 +248,9 @@ def measure_view(sizes=(64, 256, 1024, 2048), posts: int = 4) -> dict:
     return {"samples": samples, "intercept_s": c0, "view_per_rank_s": c1}
 
 
-def with_view_cost(calibration: dict) -> NetworkModel:
-    """The fitted model, with ``view_per_rank_s`` measured now if the calibration lacks it."""
-    if "view_per_rank_s" not in calibration["network"]:
+def with_view_cost(calibration: dict, again: bool = False) -> NetworkModel:
+    """The fitted model, with ``view_per_rank_s`` measured now if the calibration lacks it (or ``again``)."""
+    if again or "view_per_rank_s" not in calibration["network"]:
         print("timing the decentralized plane's per-round view in-process ...", flush=True)
         calibration.setdefault("local", {})["view"] = view = measure_view()
         calibration["network"]["view_per_rank_s"] = view["view_per_rank_s"]
@@ -677,6 +677,9 @@ def main(argv=None):
                         help="the size at which balanced and P/32 slow ranks per step are compared too")
     parser.add_argument("--planes-steps", default="256:30,1024:30,4096:10",
                         help="steps per rank of the comparison, per size (others: --proj-steps)")
+    parser.add_argument("--calibrate-view", action="store_true",
+                        help="only time the decentralized plane's per-round view in-process and write the network "
+                             "file with it (to results/new/ when --network is a published file)")
     parser.add_argument("--planes-free", choices=("all", "none"), default="all",
                         help="none: skip the free-communication runs of the comparison (slow at 4,096 ranks)")
     args = parser.parse_args(argv)
@@ -702,6 +705,17 @@ def main(argv=None):
             args.out += "_planes"
         if not args.skip_calibration:
             args.network = os.path.join(RESULTS, "paper_scale_quick_network.json")
+    if args.calibrate_view:
+        path = args.network
+        with open(path) as fh:
+            calibration = json.load(fh)
+        with_view_cost(calibration, again=True)
+        if os.path.dirname(os.path.abspath(path)) == RESULTS:
+            path = new_result_path(os.path.basename(path))  # never over a published file
+        with open(path, "w") as fh:
+            json.dump(calibration, fh, indent=1)
+        print("wrote", os.path.relpath(path, ROOT))
+        return
     os.makedirs(RESULTS, exist_ok=True)
     info = machine()
     started = time.time()
