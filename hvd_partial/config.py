@@ -87,7 +87,7 @@ class Config:
     #: Who starts the rounds of solo and majority streams: ``decentral`` (the
     #: ranks themselves, O(log P) control messages per rank per round) or
     #: ``central`` (rank 0 decides every round; the earlier design).
-    control_plane: str = "central"
+    control_plane: str = "decentral"
 
     def __post_init__(self):
         if self.max_staleness < 0:
