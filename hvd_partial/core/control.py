@@ -28,10 +28,11 @@ from typing import Any, Callable
 from ..errors import ConfigError, EngineError
 from ..modes import mode_from_description
 from .coordinator import Coordinator
+from .decentral.agreement import Agreements
 from .decentral.facts import FIELDS
 from .decentral.messages import Join, Send
 from .decentral.stream import DecentralStream
-from .messages import Flush, Goodbye, Post, Register, Start
+from .messages import Flush, Goodbye, Post, Register
 
 COORDINATOR_RANK = 0
 # The coordinator's method for each report (looked up on the instance, so that a profiler can wrap it).
@@ -70,6 +71,9 @@ class CentralControl:
     def fail(self, error: Exception) -> None:
         """This rank failed: decide nothing more."""
 
+    def shutdown_ready(self) -> None:
+        """This rank's shutdown is done but for knowing that every rank's is."""
+
     def round_completed(self, stream, launch, result=None) -> None:
         """This rank completed ``launch`` of ``stream``."""
         if self.coordinator is None or stream.sync or launch.facts is None or launch.facts.round is None:
@@ -91,24 +95,15 @@ class StreamMessage:
     message: Any
 
 
-class _RegistrationOnly(CentralControl):
-    """Rank 0 still agrees once per stream on its registration (the id that
-    orders the streams' communicators, and the signature check), on sync
-    streams' flushes and on shutdown; it decides no round of a solo or
-    majority stream: each rank starts round 0 itself once registered."""
-
-    def _broadcast(self, messages) -> None:
-        super()._broadcast([m for m in messages if not (isinstance(m, Start) and m.round is not None)])
-
-
 class DecentralControl:
-    """No coordinator for rounds: every solo and majority stream runs a
+    """No coordinator: every solo and majority stream runs a
     :class:`~hvd_partial.core.decentral.stream.DecentralStream` on every rank,
     which starts rounds here (``start(stream_id, round, facts)``), floods
     activations to hypercube neighbours and gathers catch-up, flush and quorum
     notices, O(log P) messages per rank per round (docs/control-plane.md).
-    Registration, sync streams' flushes and shutdown go through rank 0, once
-    per stream or per shutdown, never per round.
+    Registration, sync streams' flushes and shutdown are
+    :class:`~hvd_partial.core.decentral.agreement.Agreements`: gathers to rank 0
+    and floods of the outcome, O(log P) messages per rank each.
     """
 
     def __init__(self, rank: int, size: int, send: Callable[[int, object], None],
@@ -117,8 +112,9 @@ class DecentralControl:
         self.size = size
         self._send = send
         self._start = start
-        self._central = _RegistrationOnly(rank, size, send)
-        self.coordinator = self._central.coordinator  # registration and shutdown only
+        # Outcomes for this rank's driver travel as messages to itself.
+        self.agreements = Agreements(rank, size, send, lambda decision: send(rank, decision))
+        self.coordinator = None
         self.streams: dict[int, DecentralStream] = {}
         self._signatures: dict[str, object] = {}
 
@@ -133,10 +129,20 @@ class DecentralControl:
             stream = self.streams.get(message.stream)
             if stream is not None:
                 self._carry_out(message.stream, stream.flush())
-                return
+            else:
+                self.agreements.sync_flush(message.stream, message.taken)
+            return
         elif kind is Register:
             self._signatures[message.name] = message.signature
-        self._central.report(message)
+            self.agreements.register(message.name, message.signature)
+            return
+        elif kind is Goodbye:
+            self.agreements.leave(message.names)
+            return
+        raise EngineError(f"rank {self.rank}: unexpected report {message!r}")
+
+    def shutdown_ready(self) -> None:
+        self.agreements.done()
 
     def registered(self, stream) -> None:
         signature = self._signatures.pop(stream.name, None)
@@ -157,15 +163,14 @@ class DecentralControl:
         if type(message) is StreamMessage:
             self._carry_out(message.stream, self.streams[message.stream].on_message(source, message.message))
         else:
-            self._central.on_message(source, message)
+            self.agreements.on_message(source, message)
 
     def decides_completion(self, stream) -> bool:
-        return stream.id not in self.streams and self._central.decides_completion(stream)
+        return False
 
     def round_completed(self, stream, launch, result=None) -> None:
         machine = self.streams.get(stream.id)
-        if machine is None:
-            self._central.round_completed(stream, launch)
+        if machine is None:  # a sync round: nothing to decide
             return
         self._carry_out(stream.id, machine.on_reduced(launch.round, None, stream.last_facts.reshape(FIELDS, self.size),
                                                       result))

@@ -214,4 +214,6 @@ class Driver:
                 self._flushed.add(sid)
         if not self._to_flush and self._goodbye_sent != frozenset(self._flushed):
             self._goodbye_sent = frozenset(self._flushed)
-            self.control.report(Goodbye(self.rank, tuple(sorted(self._flushed))))
+            self.control.report(Goodbye(self.rank, tuple(sorted(self._flushed)), tuple(self.streams)))
+        if self._goodbye_sent is not None and not self._to_flush and not self.waiting:
+            self.control.shutdown_ready()
