@@ -47,6 +47,8 @@ stall_log = logging.getLogger("hvd_partial.stall")
 
 TAG_STATUS = 15  # beside the transport's tags 11-14
 _WINDOW = 512  # recent posts per stream kept for means and p95
+# Statuses older than this many status periods are left out of the stall rule.
+_STALE_PERIODS = 5
 
 
 @dataclass(frozen=True)
@@ -276,8 +278,12 @@ class Observer:
 
     def _inspect(self, now: float) -> None:
         """Find stalled ranks; warn, or fail past the shutdown time."""
+        # A status older than _STALE_PERIODS periods (about three is the most a
+        # running tree takes) means its rank, or one on its way up the tree, has
+        # stopped running: that is for liveness to name, not the stall rule.
+        limit = _STALE_PERIODS * self._interval
         with self._lock:
-            peers = dict(self._peers)
+            peers = {j: entry for j, entry in self._peers.items() if now - entry[1] <= limit}
         if len(peers) < 2:
             return
         recent = 2.5 * self._interval

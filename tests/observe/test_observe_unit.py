@@ -214,6 +214,20 @@ def test_stall_clock_restarts_when_the_rank_calls_again():
         assert obs.stalled == {}
 
 
+def test_a_status_that_stopped_coming_is_left_to_liveness():
+    # Rank 2's statuses stopped coming (it, or the rank that relays them up the
+    # tree, was stopped): its last one, long idle, must not make it "stalled".
+    engine, obs = _observer(stall_warning_seconds=1.0, stall_shutdown_seconds=2.0)
+    t = 50.0
+    obs._peers[2] = (RankStatus(2, 0.0, False, "post 'g'", {}), t)
+    for step in range(1, 40):
+        now = t + step * 0.25
+        for j in (0, 1):
+            obs._peers[j] = (RankStatus(j, now - t, True, "post 'g'", {}), now)
+        obs._inspect(now)
+        assert obs.stalled == {} and engine.failure is None
+
+
 def test_observer_is_off_when_every_feature_is_off(tmp_path):
     engine = _FakeEngine(stall_warning_seconds=0, report_seconds=0)
     assert attach_observer(engine) is None
