@@ -32,8 +32,8 @@ class Config:
     max_staleness: int = 8
     #: Seconds between the heartbeats that every engine sends to its ring successor.
     heartbeat_seconds: float = 1.0
-    #: A peer silent for this long is declared failed and every waiting call
-    #: raises ``RankFailedError`` naming it.
+    #: A rank from which its ring successor hears nothing for this long is
+    #: declared failed and every waiting call raises ``RankFailedError`` naming it.
     failure_timeout_seconds: float = 30.0
     #: How long a rank that raised waits for its failure notice to reach the
     #: others before it exits; a process whose engine failed also waits out
