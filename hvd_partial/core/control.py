@@ -153,9 +153,10 @@ class DecentralControl:
             raise ConfigError(f"stream {stream.name!r}: no decentralized rounds for mode {mode.kind!r}")
         machine = DecentralStream(self.rank, self.size, mode.kind, signature.max_staleness, stream.name,
                                   seed=getattr(mode, "seed", 0), quorum=getattr(mode, "quorum", None),
-                                  external_registration=True)
+                                  external_registration=True, posts_need_data=True)
         self.streams[stream.id] = machine
         stream.read_facts = self._facts_reader(machine)
+        stream.posts_need_data = True
         machine.post(None)  # the first post, which the registration carried
         self._carry_out(stream.id, machine.registered())
 

@@ -97,7 +97,8 @@ class DecentralStream:
     """
 
     def __init__(self, rank: int, world_size: int, kind: str, max_staleness: int, name: str = "stream",
-                 seed: int = 0, quorum: int | None = None, signature=None, external_registration: bool = False):
+                 seed: int = 0, quorum: int | None = None, signature=None, external_registration: bool = False,
+                 posts_need_data: bool = False):
         if kind not in ("solo", "majority"):
             raise ValueError(f"decentralized rounds are for solo and majority streams, not {kind!r}")
         self.rank = rank
@@ -111,6 +112,9 @@ class DecentralStream:
         # Registration agreed by someone else (the driver's registration): no
         # registration gather; round 0 starts at registered().
         self.external_registration = external_registration
+        # A round nobody contributed to does not answer a post (the framework adapters
+        # expect a post's rounds to bring data): the post waits for the next round.
+        self.posts_need_data = posts_need_data
         self.activation = Activation(rank, world_size)
         self.pending: list[_Pending] = []
         self.seq = 0
@@ -138,7 +142,7 @@ class DecentralStream:
         self.seq += 1
         self.pending.append(_Pending(self.seq, self.taken, payload))
         out: list = []
-        if self.completed > self.taken:
+        if self.completed > self.taken and (not self.posts_need_data or _any_data(self.results)):
             out.append(Complete("post", self.seq, self._take()))
         else:
             self.waiter = ("post", self.seq)
@@ -223,8 +227,9 @@ class DecentralStream:
         if self.waiter is not None:
             kind, seq = self.waiter
             if kind == "post":
-                self.waiter = None
-                out.append(Complete("post", seq, self._take()))
+                if not self.posts_need_data or result.contributors or flush:
+                    self.waiter = None
+                    out.append(Complete("post", seq, self._take()))
             elif flush:
                 self.waiter = None
                 self.flushing = False
@@ -400,3 +405,7 @@ class DecentralStream:
         self.results.clear()
         self.taken = self.completed
         return out
+
+
+def _any_data(results) -> bool:
+    return any(r.contributors or r.flush for r in results)
