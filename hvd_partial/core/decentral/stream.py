@@ -131,6 +131,7 @@ class DecentralStream:
         self.held: _Held | None = None
         self.early: dict[int, list] = {}  # round -> messages for it that came before its view
         self._last_joined = -1
+        self._designated_cache = (-1, -1)
         self._flush_results: list = []
         self._hold(self.view)
 
@@ -203,7 +204,7 @@ class DecentralStream:
         contributors, staleness, initiator, flush = round_facts(facts, self.flushes_done)
         if self.kind == "majority" and self.completed > 0 and not flush:
             # the designated rank, whether it posted or stood in while flushing
-            initiator = designated_initiator(self.seed, self.name, self.completed, self.world_size)
+            initiator = self._designated(self.completed)
         return contributors, staleness, initiator, flush
 
     def on_reduced(self, round_number: int, value, facts: np.ndarray, result: RoundResult | None = None) -> list:
@@ -261,21 +262,26 @@ class DecentralStream:
             held.signature, held.first = self.signature, me
         else:
             if self.kind == "majority":
-                d = designated_initiator(self.seed, self.name, view.round, self.world_size)
+                d = self._designated(view.round)
                 held.designated = d
-                others = view.blockers[view.blockers != d]
-                order = np.concatenate([np.array([d], dtype=np.int64), others])
-                if me == d:
-                    position = 0
+                if not len(view.blockers):  # the steady state: a gather of the designated rank alone
+                    order, position = np.array([d]), 0 if me == d else None
                 else:
-                    p = position_in_sorted(others, me)
-                    position = None if p is None else p + 1
+                    others = view.blockers[view.blockers != d]
+                    order = np.concatenate([np.array([d], dtype=np.int64), others])
+                    if me == d:
+                        position = 0
+                    else:
+                        p = position_in_sorted(others, me)
+                        position = None if p is None else p + 1
                 held.stale = Gather.member("stale", order, me, position)
                 if held.stale is not None and position == 0:
                     held.stale.ready = True  # the designated initiator's own conditions are checked apart
             elif len(view.blockers):
                 held.stale = Gather.member("stale", view.blockers, me, position_in_sorted(view.blockers, me))
-            held.flush = Gather.member("flush", view.training, me, position_in_sorted(view.training, me))
+            everyone = len(view.training) == self.world_size  # then training is 0..P-1
+            held.flush = Gather.member("flush", view.training, me,
+                                       me if everyone else position_in_sorted(view.training, me))
         self.held = held
         for source, msg in self.early.pop(view.round, []):
             self._apply(held, source, msg)
@@ -338,6 +344,14 @@ class DecentralStream:
         if self._may_start(held, holds):
             out += self._start(c, initiated=not view.registration)
         return out
+
+    def _designated(self, round_number: int) -> int:
+        """Majority's designated initiator of ``round_number`` (asked twice per round: cached)."""
+        cached = self._designated_cache
+        if cached[0] != round_number:
+            cached = self._designated_cache = (round_number, designated_initiator(
+                self.seed, self.name, round_number, self.world_size))
+        return cached[1]
 
     def _reject(self, mismatch: tuple) -> list:
         """Registration found two ranks that disagree: tell everyone, and fail."""
