@@ -1,23 +1,29 @@
 """Control policies: who decides when the rounds of solo and majority streams
-start. A :class:`~hvd_partial.core.driver.Driver` reports its rank's events to
-its policy and hands it the peer messages the driver itself does not handle;
-the policy answers only with peer messages. Another policy (decentralized
-activation, say) can therefore replace this one without touching the driver.
+start, and how the ranks agree on registration, sync flushes and shutdown.
+A :class:`~hvd_partial.core.driver.Driver` reports its rank's events to its
+policy and hands it the peer messages the driver itself does not handle.
 
-A policy has four methods: ``report(message)`` (this rank's Register, Post,
-Flush or Goodbye), ``on_message(source, message)`` (a peer message the driver
-does not handle itself), ``round_completed(stream, launch)`` (this rank
-completed a round; ``stream.last_included`` holds its facts) and
-``decides_completion(stream)`` (whether that completion feeds a decision, for
-the simulator's cost model). It acts only by ``send(dest, message)``; to start
-a round on its own rank it sends itself the ``Start``. A decentralized policy
-would activate rounds from every rank's reports and flood its own activation
-messages to hypercube neighbours, with no change to the driver.
+- :class:`DecentralControl` (the default): every rank runs each solo or
+  majority stream's :class:`~hvd_partial.core.decentral.stream.DecentralStream`
+  and starts rounds itself; agreements go up a tree to rank 0 and are flooded
+  back (:mod:`hvd_partial.core.decentral.agreement`). O(log P) control
+  messages per rank per round; docs/control-plane.md.
+- :class:`CentralControl`: rank 0's :class:`~hvd_partial.core.coordinator.Coordinator`
+  decides everything; every other rank reports to it.
+
+A policy's methods: ``report(message)`` (this rank's Register, Post, Flush or
+Goodbye), ``on_message(source, message)`` (a peer message the driver does not
+handle itself), ``registered(stream)``, ``round_completed(stream, launch,
+result)``, ``shutdown_ready()``, ``fail(error)`` and
+``decides_completion(stream)`` (whether a completion feeds a decision at this
+rank, for the simulator's cost model). It acts by ``send(dest, message)``
+(its decisions for its own rank are messages to itself) and, for the
+decentralized policy, ``start(stream_id, round, facts)``.
 
 Example::
 
-    control = CentralControl(rank=0, size=4, send=lambda dest, message: ...)
-    control.report(Register(0, "g", signature))  # sent to rank 0, itself here
+    control = make_control("decentral", rank=0, size=4, send=..., start=...)
+    control.report(Register(0, "g", signature))  # joins the registration gather
 """
 
 from __future__ import annotations
