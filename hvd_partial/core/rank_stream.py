@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import MismatchError, StreamConflictError
 from ..modes import ReduceOp
 from .buffer_pool import BufferPool
+from .decentral.facts import FIELDS, lags
 from .fusion import Layout
 from .messages import Flush, FlushBegun, Post, Start
 from .round_result import RoundResult
@@ -275,6 +276,13 @@ class RankStream:
             for acc, b in zip(total, item.buffers):
                 np.add(acc, b, out=acc)
         return total, [True] * len(total)
+
+    def last_lags(self) -> list | None:
+        """Per rank, the rounds it had not taken at the latest round this rank
+        completed, where the round's facts tell (the decentralized plane)."""
+        if self.read_facts is None or self.last_facts is None:
+            return None
+        return lags(self.last_facts.reshape(FIELDS, self.world_size), self.completed - 1)
 
     @property
     def lag(self) -> int:

@@ -172,3 +172,22 @@ def test_many_streams_register_and_shut_down_in_any_order(plane, mode):
     for name in names:
         total = sum(float(r.array.sum()) for r in world.results(0, name))
         assert total == sum(range(1, P + 1)), f"{name}: a contribution was lost or counted twice"
+
+
+def test_the_lag_of_each_rank_is_read_from_the_round_facts():
+    """Decentralized plane: the slow-rank report's lag comes from the facts each round carries."""
+    layout = Layout.of([np.zeros(1)])
+    world = LoopbackWorld(3, Solo(), Sum, 4, layout, control_plane="decentral")
+    for j in range(3):
+        world.post(j, [np.ones(1)])
+    world.run_communication()
+    assert world.ranks[0].stream.last_lags() == [0, 0, 0]
+    for _ in range(3):  # rank 0 runs ahead; ranks 1 and 2 take nothing
+        world.post(0, [np.ones(1)])
+        world.run_communication()
+    assert world.ranks[0].stream.last_lags() == [0, 2, 2]  # at the start of round 3 they had taken round 0 only
+    central = LoopbackWorld(2, Solo(), Sum, 4, layout)
+    for j in range(2):
+        central.post(j, [np.ones(1)])
+    central.run_communication()
+    assert central.ranks[0].stream.last_lags() is None  # there the coordinator's Start carries the lags

@@ -128,3 +128,9 @@ def _nobody(P: int) -> np.ndarray:
         out = _NOBODY[P] = np.zeros(P, bool)
         out.flags.writeable = False
     return out
+
+
+def lags(facts: np.ndarray, round_number: int) -> list:
+    """Per rank, how many rounds it had not taken when it joined round
+    ``round_number`` (from the round's reduced facts; a waiting post counts as taken)."""
+    return np.maximum(round_number - facts[KNOWN_TAKEN], 0).tolist()
