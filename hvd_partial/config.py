@@ -30,10 +30,10 @@ class Config:
     #: Default bound on staleness (rounds) for solo and majority streams;
     #: a stream may pass its own ``max_staleness``. 0 makes them synchronous.
     max_staleness: int = 8
-    #: Seconds between liveness messages that every engine sends to its peers.
+    #: Seconds between the heartbeats that every engine sends to its ring successor.
     heartbeat_seconds: float = 1.0
-    #: A peer silent for this long is declared failed and every waiting call
-    #: raises ``RankFailedError`` naming it.
+    #: A rank from which its ring successor hears nothing for this long is
+    #: declared failed and every waiting call raises ``RankFailedError`` naming it.
     failure_timeout_seconds: float = 30.0
     #: How long a rank that raised waits for its failure notice to reach the
     #: others before it exits; a process whose engine failed also waits out
@@ -87,7 +87,7 @@ class Config:
     #: Who starts the rounds of solo and majority streams: ``decentral`` (the
     #: ranks themselves, O(log P) control messages per rank per round) or
     #: ``central`` (rank 0 decides every round; the earlier design).
-    control_plane: str = "central"
+    control_plane: str = "decentral"
 
     def __post_init__(self):
         if self.max_staleness < 0:

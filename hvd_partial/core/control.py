@@ -1,23 +1,29 @@
 """Control policies: who decides when the rounds of solo and majority streams
-start. A :class:`~hvd_partial.core.driver.Driver` reports its rank's events to
-its policy and hands it the peer messages the driver itself does not handle;
-the policy answers only with peer messages. Another policy (decentralized
-activation, say) can therefore replace this one without touching the driver.
+start, and how the ranks agree on registration, sync flushes and shutdown.
+A :class:`~hvd_partial.core.driver.Driver` reports its rank's events to its
+policy and hands it the peer messages the driver itself does not handle.
 
-A policy has four methods: ``report(message)`` (this rank's Register, Post,
-Flush or Goodbye), ``on_message(source, message)`` (a peer message the driver
-does not handle itself), ``round_completed(stream, launch)`` (this rank
-completed a round; ``stream.last_included`` holds its facts) and
-``decides_completion(stream)`` (whether that completion feeds a decision, for
-the simulator's cost model). It acts only by ``send(dest, message)``; to start
-a round on its own rank it sends itself the ``Start``. A decentralized policy
-would activate rounds from every rank's reports and flood its own activation
-messages to hypercube neighbours, with no change to the driver.
+- :class:`DecentralControl` (the default): every rank runs each solo or
+  majority stream's :class:`~hvd_partial.core.decentral.stream.DecentralStream`
+  and starts rounds itself; agreements go up a tree to rank 0 and are flooded
+  back (:mod:`hvd_partial.core.decentral.agreement`). O(log P) control
+  messages per rank per round; docs/control-plane.md.
+- :class:`CentralControl`: rank 0's :class:`~hvd_partial.core.coordinator.Coordinator`
+  decides everything; every other rank reports to it.
+
+A policy's methods: ``report(message)`` (this rank's Register, Post, Flush or
+Goodbye), ``on_message(source, message)`` (a peer message the driver does not
+handle itself), ``registered(stream)``, ``round_completed(stream, launch,
+result)``, ``shutdown_ready()``, ``fail(error)`` and
+``decides_completion(stream)`` (whether a completion feeds a decision at this
+rank, for the simulator's cost model). It acts by ``send(dest, message)``
+(its decisions for its own rank are messages to itself) and, for the
+decentralized policy, ``start(stream_id, round, facts)``.
 
 Example::
 
-    control = CentralControl(rank=0, size=4, send=lambda dest, message: ...)
-    control.report(Register(0, "g", signature))  # sent to rank 0, itself here
+    control = make_control("decentral", rank=0, size=4, send=..., start=...)
+    control.report(Register(0, "g", signature))  # joins the registration gather
 """
 
 from __future__ import annotations
@@ -28,10 +34,11 @@ from typing import Any, Callable
 from ..errors import ConfigError, EngineError
 from ..modes import mode_from_description
 from .coordinator import Coordinator
+from .decentral.agreement import Agreements
 from .decentral.facts import FIELDS
 from .decentral.messages import Join, Send
 from .decentral.stream import DecentralStream
-from .messages import Flush, Goodbye, Post, Register, Start
+from .messages import Flush, Goodbye, Post, Register
 
 COORDINATOR_RANK = 0
 # The coordinator's method for each report (looked up on the instance, so that a profiler can wrap it).
@@ -70,6 +77,9 @@ class CentralControl:
     def fail(self, error: Exception) -> None:
         """This rank failed: decide nothing more."""
 
+    def shutdown_ready(self) -> None:
+        """This rank's shutdown is done but for knowing that every rank's is."""
+
     def round_completed(self, stream, launch, result=None) -> None:
         """This rank completed ``launch`` of ``stream``."""
         if self.coordinator is None or stream.sync or launch.facts is None or launch.facts.round is None:
@@ -91,24 +101,15 @@ class StreamMessage:
     message: Any
 
 
-class _RegistrationOnly(CentralControl):
-    """Rank 0 still agrees once per stream on its registration (the id that
-    orders the streams' communicators, and the signature check), on sync
-    streams' flushes and on shutdown; it decides no round of a solo or
-    majority stream: each rank starts round 0 itself once registered."""
-
-    def _broadcast(self, messages) -> None:
-        super()._broadcast([m for m in messages if not (isinstance(m, Start) and m.round is not None)])
-
-
 class DecentralControl:
-    """No coordinator for rounds: every solo and majority stream runs a
+    """No coordinator: every solo and majority stream runs a
     :class:`~hvd_partial.core.decentral.stream.DecentralStream` on every rank,
     which starts rounds here (``start(stream_id, round, facts)``), floods
     activations to hypercube neighbours and gathers catch-up, flush and quorum
     notices, O(log P) messages per rank per round (docs/control-plane.md).
-    Registration, sync streams' flushes and shutdown go through rank 0, once
-    per stream or per shutdown, never per round.
+    Registration, sync streams' flushes and shutdown are
+    :class:`~hvd_partial.core.decentral.agreement.Agreements`: gathers to rank 0
+    and floods of the outcome, O(log P) messages per rank each.
     """
 
     def __init__(self, rank: int, size: int, send: Callable[[int, object], None],
@@ -117,8 +118,9 @@ class DecentralControl:
         self.size = size
         self._send = send
         self._start = start
-        self._central = _RegistrationOnly(rank, size, send)
-        self.coordinator = self._central.coordinator  # registration and shutdown only
+        # Outcomes for this rank's driver travel as messages to itself.
+        self.agreements = Agreements(rank, size, send, lambda decision: send(rank, decision))
+        self.coordinator = None
         self.streams: dict[int, DecentralStream] = {}
         self._signatures: dict[str, object] = {}
 
@@ -133,10 +135,20 @@ class DecentralControl:
             stream = self.streams.get(message.stream)
             if stream is not None:
                 self._carry_out(message.stream, stream.flush())
-                return
+            else:
+                self.agreements.sync_flush(message.stream, message.taken)
+            return
         elif kind is Register:
             self._signatures[message.name] = message.signature
-        self._central.report(message)
+            self.agreements.register(message.name, message.signature)
+            return
+        elif kind is Goodbye:
+            self.agreements.leave(message.names)
+            return
+        raise EngineError(f"rank {self.rank}: unexpected report {message!r}")
+
+    def shutdown_ready(self) -> None:
+        self.agreements.done()
 
     def registered(self, stream) -> None:
         signature = self._signatures.pop(stream.name, None)
@@ -147,9 +159,10 @@ class DecentralControl:
             raise ConfigError(f"stream {stream.name!r}: no decentralized rounds for mode {mode.kind!r}")
         machine = DecentralStream(self.rank, self.size, mode.kind, signature.max_staleness, stream.name,
                                   seed=getattr(mode, "seed", 0), quorum=getattr(mode, "quorum", None),
-                                  external_registration=True)
+                                  external_registration=True, posts_need_data=True)
         self.streams[stream.id] = machine
         stream.read_facts = self._facts_reader(machine)
+        stream.posts_need_data = True
         machine.post(None)  # the first post, which the registration carried
         self._carry_out(stream.id, machine.registered())
 
@@ -157,15 +170,14 @@ class DecentralControl:
         if type(message) is StreamMessage:
             self._carry_out(message.stream, self.streams[message.stream].on_message(source, message.message))
         else:
-            self._central.on_message(source, message)
+            self.agreements.on_message(source, message)
 
     def decides_completion(self, stream) -> bool:
-        return stream.id not in self.streams and self._central.decides_completion(stream)
+        return False
 
     def round_completed(self, stream, launch, result=None) -> None:
         machine = self.streams.get(stream.id)
-        if machine is None:
-            self._central.round_completed(stream, launch)
+        if machine is None:  # a sync round: nothing to decide
             return
         self._carry_out(stream.id, machine.on_reduced(launch.round, None, stream.last_facts.reshape(FIELDS, self.size),
                                                       result))

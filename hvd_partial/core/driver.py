@@ -6,9 +6,9 @@ It is written peer to peer. Its inputs are this rank's calls (post, flush,
 leave), messages from peer ranks, and reductions that completed here; its
 outputs go to a :class:`DriverHost`: a message to a peer rank (possibly this
 one), a reduction to start, a call that is done or refused. Round decisions
-belong to a control policy (:class:`~hvd_partial.core.control.CentralControl`)
-that the driver reaches only through reports and peer messages, so a policy
-without a coordinator can replace it.
+belong to a control policy (:mod:`hvd_partial.core.control`: the
+decentralized one by default, or rank 0's coordinator), which the driver
+reaches through reports and peer messages and which starts rounds through it.
 
 Example::
 
@@ -214,4 +214,6 @@ class Driver:
                 self._flushed.add(sid)
         if not self._to_flush and self._goodbye_sent != frozenset(self._flushed):
             self._goodbye_sent = frozenset(self._flushed)
-            self.control.report(Goodbye(self.rank, tuple(sorted(self._flushed))))
+            self.control.report(Goodbye(self.rank, tuple(sorted(self._flushed)), tuple(self.streams)))
+        if self._goodbye_sent is not None and not self._to_flush and not self.waiting:
+            self.control.shutdown_ready()

@@ -67,10 +67,13 @@ class Flush:
 
 @dataclass(frozen=True)
 class Goodbye:
-    """A rank is shutting down and has flushed ``streams`` (ids)."""
+    """A rank is shutting down and has flushed ``streams`` (ids); ``names``:
+    every stream it ever posted (the decentralized plane rejects those that
+    some rank never posted)."""
 
     rank: int
     streams: tuple
+    names: tuple = ()
 
 
 @dataclass(frozen=True)

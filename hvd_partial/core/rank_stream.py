@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import MismatchError, StreamConflictError
 from ..modes import ReduceOp
 from .buffer_pool import BufferPool
+from .decentral.facts import FIELDS, lags
 from .fusion import Layout
 from .messages import Flush, FlushBegun, Post, Start
 from .round_result import RoundResult
@@ -100,6 +101,9 @@ class RankStream:
         # into (contributors, staleness, initiator, flush); the facts are kept in last_facts.
         self.read_facts = None
         self.last_facts = None
+        # Set with read_facts: a round nobody contributed to (which that plane may start) does not
+        # answer a post; the post waits for one with data (its own data is still pending).
+        self.posts_need_data = False
 
     # -- compute-thread requests (run on the engine thread) ---------------------
 
@@ -127,7 +131,7 @@ class RankStream:
             self.started += 1
             return None, launch, False
         self.pending.append(PendingPost(self.seq, buffers, computed_for, owned))
-        if self.completed > self.taken:
+        if self.completed > self.taken and (not self.posts_need_data or _any_data(self.results)):
             self._deliver(waiter)
             done = True
         else:
@@ -232,6 +236,8 @@ class RankStream:
             if not result.flush:
                 return None
             waiter.results.extend(self._take_completed())
+        elif self.posts_need_data and not (result.contributors or result.flush):
+            return None
         else:
             self._deliver(waiter)
         self.waiter = None
@@ -271,6 +277,17 @@ class RankStream:
                 np.add(acc, b, out=acc)
         return total, [True] * len(total)
 
+    def last_lags(self) -> list | None:
+        """Per rank, the rounds it had not taken at the latest round this rank
+        completed, where the round's facts tell (the decentralized plane)."""
+        if self.read_facts is None or self.last_facts is None:
+            return None
+        return lags(self.last_facts.reshape(FIELDS, self.world_size), self.completed - 1)
+
     @property
     def lag(self) -> int:
         return self.completed - self.taken
+
+
+def _any_data(results) -> bool:
+    return any(r.contributors or r.flush for r in results)

@@ -9,7 +9,7 @@ and completes the reductions it launches, and wakes the calls it finishes.
 Its parts, one job each: :mod:`.commands` (intake), :mod:`.dispatch`
 (messages by tag), :mod:`.reductions` (rounds in flight), the helper collectives'
 :class:`~hvd_partial.collectives.negotiator.Negotiator`, :mod:`.pacing` (the idle/wake policy) and
-:mod:`.liveness` (heartbeats and failure notices).
+:mod:`.liveness` (ring heartbeats and the failure flood).
 """
 
 from __future__ import annotations
@@ -168,11 +168,9 @@ class Engine:
         """A call of this rank is in progress (or its shutdown)."""
         return bool(self._calls) or self._driver.leaving
 
-    def tell_peers(self, tag: int, message) -> None:
-        """Send ``message`` to every other rank under ``tag``."""
-        for dest in range(self.size):
-            if dest != self.rank:
-                self.transport.send(dest, tag, message)
+    def tell(self, dest: int, tag: int, message) -> None:
+        """Send ``message`` to rank ``dest`` under ``tag`` (the observer's statuses)."""
+        self.transport.send(dest, tag, message)
 
     def fail(self, error: HvdPartialError, notify: bool = False, local: bool = False) -> None:
         """Fail every call in progress with ``error`` and stop; ``notify``: tell
@@ -326,6 +324,9 @@ class Engine:
         self._reductions.launch(stream, launch)
 
     def reduced(self, stream: RankStream, launch: Launch, result: RoundResult) -> None:
+        lags = stream.last_lags()  # decentralized plane: the lags travel in the round's facts
+        if lags is not None:
+            self.stats.round_started(stream.name, lags)
         self.stats.round_completed(stream.name, result)
         if self.timeline is not None:
             self.timeline.reduced(stream.name, launch, result)

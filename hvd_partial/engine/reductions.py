@@ -52,7 +52,8 @@ class Reductions:
         self._rounds: dict[int, deque] = {}
         self._pools: dict[int, BufferPool] = {}
         self._comms: dict[int, Any] = {}  # stream id -> its communicator, once duplicated
-        self._awaiting_comm: deque = deque()  # stream ids, in registration order
+        self._awaiting_comm: set[int] = set()  # stream ids still without a communicator
+        self._next_comm = 0  # communicators are duplicated in stream id order, the same on every rank
         self._duplicating: tuple | None = None  # (stream id, communicator, request)
 
     def add_stream(self, stream: RankStream) -> None:
@@ -61,7 +62,7 @@ class Reductions:
         self._rounds[sid] = deque()
         self._streams[sid] = stream
         self._pools[sid] = BufferPool()
-        self._awaiting_comm.append(sid)
+        self._awaiting_comm.add(sid)
 
     def launch(self, stream: RankStream, launch: Launch) -> None:
         self._rounds[stream.id].append(RoundEntry(launch))
@@ -146,8 +147,10 @@ class Reductions:
                 self._comms[sid] = comm
                 self._start_entries(sid)
                 worked = True
-            if self._awaiting_comm:
-                sid = self._awaiting_comm.popleft()
+            if self._next_comm in self._awaiting_comm:
+                sid = self._next_comm
+                self._awaiting_comm.discard(sid)
+                self._next_comm += 1
                 comm, request = self.transport.new_stream_comm()
                 self._duplicating = (sid, comm, request)
                 worked = True

@@ -2,11 +2,13 @@
 slow-rank report and the timeline hooks. Runs on the engine thread; only
 :meth:`Observer.enrich` is called from other threads.
 
-Every rank sends a small :class:`RankStatus` to every other rank now and
-then (a few times per stall-warning period, at most every 5 s): how long
-since it last called hvd_partial, whether a call of it is in progress, and
-its wait and compute time per post. So every rank has the whole picture, and
-each decides on its own:
+Every rank makes a small :class:`RankStatus` now and then (a few times per
+stall-warning period, at most every 5 s): how long since it last called
+hvd_partial, whether a call of it is in progress, and its wait and compute
+time per post. The statuses travel up the binomial tree rooted at rank 0 and
+rank 0's picture back down it (:class:`StatusBundle`), so every rank has the
+whole picture while sending O(log P) messages per status period (see
+:meth:`Observer.on_status`), and each decides on its own:
 
 - **stall**: rank j is stalled when it has called nothing (no post, flush,
   helper or shutdown in progress or submitted) for ``stall_warning_seconds``
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.activation import binomial_children, max_hops
 from .report import enrich, format_report
 from .stall import StalledRankError
 
@@ -44,11 +47,13 @@ stall_log = logging.getLogger("hvd_partial.stall")
 
 TAG_STATUS = 15  # beside the transport's tags 11-14
 _WINDOW = 512  # recent posts per stream kept for means and p95
+# Statuses older than this many status periods are left out of the stall rule.
+_STALE_PERIODS = 5
 
 
 @dataclass(frozen=True)
 class RankStatus:
-    """What a rank tells every other rank about itself.
+    """What a rank tells the others about itself (by the statuses' tree).
 
     ``idle_seconds``: since its latest call was submitted (since ``init`` if
     none); ``busy``: a call of it is in progress; ``streams``: name ->
@@ -60,6 +65,34 @@ class RankStatus:
     busy: bool
     last_call: str
     streams: dict
+
+
+@dataclass(frozen=True)
+class StatusBundle:
+    """Statuses on their way up the binomial tree rooted at rank 0 (from a
+    child: its subtree's) or down it (from the parent: every rank's).
+
+    ``entries``: ``(status, age)`` pairs, ``age`` the seconds since its rank
+    made it, as the sender's clock tells; the receiver's clock then dates it.
+    """
+
+    entries: tuple
+    down: bool
+
+
+def binomial_parent(rank: int) -> int | None:
+    """The parent of ``rank`` in :func:`binomial_children`'s tree rooted at 0."""
+    return rank - (1 << (rank.bit_length() - 1)) if rank > 0 else None
+
+
+def binomial_subtree(rank: int, world_size: int) -> frozenset:
+    """``rank`` and every rank below it in the tree rooted at 0."""
+    out, todo = set(), [rank]
+    while todo:
+        v = todo.pop()
+        out.add(v)
+        todo += binomial_children(v, 0, world_size)
+    return frozenset(out)
 
 
 class _Window:
@@ -110,8 +143,19 @@ class Observer:
         self._last_submit = self._started
         self._last_call = "init"
         self._windows: dict[str, _Window] = {}
-        self._peers: dict[int, tuple[RankStatus, float]] = {}  # rank -> (status, perf_counter received)
+        # rank -> (status, when that rank made it, by this rank's perf_counter)
+        self._peers: dict[int, tuple[RankStatus, float]] = {}
         self._interval = status_interval(self.config)
+        # The statuses' tree: up to the parent, rank 0's picture down to the children.
+        self._parent = binomial_parent(self.rank)
+        self._children = binomial_children(self.rank, 0, self.size)
+        self._subtree = binomial_subtree(self.rank, self.size)
+        # A child's news goes up at once, but at most once per this many seconds:
+        # up to ceil(log2 P) + 1 messages per status period, each level passed within
+        # the gap (the whole way up within about one period).
+        self._up_gap = (self._interval or 0.0) / max(1, max_hops(self.size))
+        self._last_up = float("-inf")
+        self._news_from_below = False
         self._next_status = self._started
         self._report_every = self.config.report_seconds
         self._next_report = self._started + self._report_every if self._report_every > 0 else float("inf")
@@ -147,9 +191,24 @@ class Observer:
         if self.timeline is not None:
             self.timeline.finished(stream, waiter.kind, handle, [r.round for r in waiter.results])
 
-    def on_status(self, source: int, status: RankStatus) -> None:
+    def on_status(self, source: int, bundle: StatusBundle) -> None:
+        """Statuses from a child (its subtree's, passed up soon after) or from
+        the parent (every rank's, passed down at once). Per rank and status
+        period: at most ``ceil(log2 P) + 1`` bundles sent up and one down to
+        each child (``ceil(log2 P)`` at most); they reach every rank within
+        about three status periods of being made (see docs/design.md)."""
+        now = time.perf_counter()
         with self._lock:
-            self._peers[source] = (status, time.perf_counter())
+            peers = self._peers
+            for status, age in bundle.entries:
+                made = now - age
+                known = peers.get(status.rank)
+                if status.rank != self.rank and (known is None or made > known[1]):
+                    peers[status.rank] = (status, made)
+        if bundle.down:
+            self._send_down(now)
+        elif self._parent is not None:  # rank 0 sends its picture down at its own period
+            self._news_from_below = True
 
     def tick(self) -> None:
         """Called by the engine every 10 ms or so."""
@@ -161,6 +220,8 @@ class Observer:
             self._send_status(now)
             if self.config.stall_warning_seconds > 0 or self.config.stall_shutdown_seconds > 0:
                 self._inspect(now)
+        elif self._news_from_below and now - self._last_up >= self._up_gap:
+            self._send_up(now)
         if now >= self._next_report:
             self._next_report = now + self._report_every
             if self.rank == 0 and log.isEnabledFor(logging.INFO):
@@ -192,20 +253,45 @@ class Observer:
         status = self._own_status(now)
         with self._lock:
             self._peers[self.rank] = (status, now)
-        self.engine.tell_peers(TAG_STATUS, status)
+        if self._parent is None:
+            self._send_down(now)
+        else:
+            self._send_up(now)
+
+    def _entries(self, now: float, ranks=None) -> tuple:
+        with self._lock:
+            return tuple((status, now - made) for j, (status, made) in self._peers.items()
+                         if ranks is None or j in ranks)
+
+    def _send_up(self, now: float) -> None:
+        """This rank's subtree's statuses, to its parent."""
+        self._last_up = now
+        self._news_from_below = False
+        self.engine.tell(self._parent, TAG_STATUS, StatusBundle(self._entries(now, self._subtree), down=False))
+
+    def _send_down(self, now: float) -> None:
+        """Every status this rank knows, to its children."""
+        if self._children:
+            bundle = StatusBundle(self._entries(now), down=True)
+            for child in self._children:
+                self.engine.tell(child, TAG_STATUS, bundle)
 
     def _inspect(self, now: float) -> None:
         """Find stalled ranks; warn, or fail past the shutdown time."""
+        # A status older than _STALE_PERIODS periods (about three is the most a
+        # running tree takes) means its rank, or one on its way up the tree, has
+        # stopped running: that is for liveness to name, not the stall rule.
+        limit = _STALE_PERIODS * self._interval
         with self._lock:
-            peers = dict(self._peers)
+            peers = {j: entry for j, entry in self._peers.items() if now - entry[1] <= limit}
         if len(peers) < 2:
             return
         recent = 2.5 * self._interval
-        last_submit = {j: received - st.idle_seconds for j, (st, received) in peers.items()}
-        active = {j for j, (st, received) in peers.items() if st.busy or now - last_submit[j] < recent}
+        last_submit = {j: made - st.idle_seconds for j, (st, made) in peers.items()}
+        active = {j for j, (st, made) in peers.items() if st.busy or now - last_submit[j] < recent}
         warn_after = self.config.stall_warning_seconds or self.config.stall_shutdown_seconds
         stalled = {}
-        for j, (st, received) in peers.items():
+        for j, (st, made) in peers.items():
             others = active - {j}
             if st.busy or not others or now - last_submit[j] < recent:
                 self._demand_since.pop(j, None)

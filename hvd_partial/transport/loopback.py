@@ -47,6 +47,7 @@ class LoopbackRank:
         self.launches = world.make_queue("launches", rank, rank)  # (stream, launch) joined, not completed here
         self.waiter: Waiter | None = None  # the compute thread's call in progress
         self.taken: dict[str, list[RoundResult]] = {}  # stream -> every result taken, in order
+        self.answers: list[list[RoundResult]] = []  # what each post returned, in order
         self.errors: list[Exception] = []  # calls that raised
         self.failure: Exception | None = None  # this rank stopped: it died, or learnt that a peer did
         self.notice_due = False  # a peer died and this rank has not noticed yet
@@ -87,6 +88,8 @@ class LoopbackRank:
     def finished(self, stream: RankStream, waiter: Waiter) -> None:
         if self.world.keeps_results(self.rank):
             self.taken.setdefault(stream.name, []).extend(waiter.results)
+            if waiter.kind == "post":
+                self.answers.append(waiter.results)
         if waiter is self.waiter:
             self.waiter = None
 

@@ -132,8 +132,8 @@ class _FakeEngine:
         self.sent = []
         self.failure = None
 
-    def tell_peers(self, tag, message):
-        self.sent.append((tag, message))
+    def tell(self, dest, tag, message):
+        self.sent.append((dest, tag, message))
 
     def fail(self, error, notify=False):
         self.failure = error
@@ -214,6 +214,20 @@ def test_stall_clock_restarts_when_the_rank_calls_again():
         assert obs.stalled == {}
 
 
+def test_a_status_that_stopped_coming_is_left_to_liveness():
+    # Rank 2's statuses stopped coming (it, or the rank that relays them up the
+    # tree, was stopped): its last one, long idle, must not make it "stalled".
+    engine, obs = _observer(stall_warning_seconds=1.0, stall_shutdown_seconds=2.0)
+    t = 50.0
+    obs._peers[2] = (RankStatus(2, 0.0, False, "post 'g'", {}), t)
+    for step in range(1, 40):
+        now = t + step * 0.25
+        for j in (0, 1):
+            obs._peers[j] = (RankStatus(j, now - t, True, "post 'g'", {}), now)
+        obs._inspect(now)
+        assert obs.stalled == {} and engine.failure is None
+
+
 def test_observer_is_off_when_every_feature_is_off(tmp_path):
     engine = _FakeEngine(stall_warning_seconds=0, report_seconds=0)
     assert attach_observer(engine) is None
@@ -223,6 +237,43 @@ def test_observer_is_off_when_every_feature_is_off(tmp_path):
     obs = attach_observer(engine)
     assert obs is not None and obs.timeline is not None and obs._interval is None
     obs.close()
+
+
+@pytest.mark.parametrize("size", [2, 3, 4, 13, 32])
+def test_statuses_reach_every_rank_over_the_tree_with_log_p_messages_per_rank(monkeypatch, size):
+    """The statuses go up the binomial tree to rank 0 and its picture back
+    down: every rank learns every rank's status, fresh within about three
+    status periods, and no rank sends more than 2 ceil(log2 P) + 1 bundles
+    per period (P - 1 each when every rank told every other)."""
+    from collections import Counter
+
+    from hvd_partial.core.activation import max_hops
+    from hvd_partial.observe import monitor
+
+    clock = [500.0]
+    monkeypatch.setattr(monitor.time, "perf_counter", lambda: clock[0])
+    engines = [_FakeEngine(rank=r, size=size, stall_warning_seconds=1.0) for r in range(size)]
+    observers = [attach_observer(e) for e in engines]
+    interval = observers[0]._interval
+    sent = Counter()
+    seconds = 10.0
+    for step in range(int(seconds / 0.01)):
+        clock[0] += 0.01
+        for source, engine in enumerate(engines):  # delivered within the step (1 ms, say)
+            outbox, engine.sent = engine.sent, []
+            for dest, tag, bundle in outbox:
+                sent[source] += 1
+                observers[dest].on_status(source, bundle)
+        for obs in observers:
+            obs.tick()
+    periods = seconds / interval
+    for rank in range(size):
+        assert sent[rank] <= (2 * max_hops(size) + 1) * (periods + 1), (rank, sent[rank], periods)
+        peers = observers[rank]._peers
+        assert sorted(peers) == list(range(size)), (rank, sorted(peers))
+        oldest = max(clock[0] - made for _, made in peers.values())
+        assert oldest <= 3 * interval + 0.01 * (2 * max_hops(size) + 2), (rank, oldest)
+    assert all(e.failure is None for e in engines)  # all idle: nobody is stalled
 
 
 # ===== timeline ======================================================================

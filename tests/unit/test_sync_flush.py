@@ -13,8 +13,8 @@ from hvd_partial.modes import Solo, Sum, Sync
 from hvd_partial.transport.loopback import LoopbackWorld
 
 
-def _world(mode, size=3):
-    return LoopbackWorld(size, mode, Sum, 4, Layout.of([np.zeros(2)]))
+def _world(mode, size=3, plane="central"):
+    return LoopbackWorld(size, mode, Sum, 4, Layout.of([np.zeros(2)]), control_plane=plane)
 
 
 def _post_all(world, times=1):
@@ -33,8 +33,9 @@ def _record_decisions(world):
     return sent
 
 
-def test_a_post_after_another_rank_began_flushing_is_refused_and_flushing_recovers():
-    world = _world(Sync())
+@pytest.mark.parametrize("plane", ["central", "decentral"])
+def test_a_post_after_another_rank_began_flushing_is_refused_and_flushing_recovers(plane):
+    world = _world(Sync(), plane=plane)
     _post_all(world, times=2)
     world.flush(0)
     world.run_communication()
@@ -55,8 +56,9 @@ def test_a_post_after_another_rank_began_flushing_is_refused_and_flushing_recove
     assert [r.round for r in world.results(1)] == [0, 1, 2, 3, 4]
 
 
-def test_a_round_already_started_that_the_flushing_rank_will_not_join_is_reported():
-    world = _world(Sync())
+@pytest.mark.parametrize("plane", ["central", "decentral"])
+def test_a_round_already_started_that_the_flushing_rank_will_not_join_is_reported(plane):
+    world = _world(Sync(), plane=plane)
     _post_all(world)
     world.post(1, [np.ones(2)])  # round 1 starts on rank 1 ...
     world.flush(0)  # ... and rank 0 flushes after 1 round

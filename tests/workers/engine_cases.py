@@ -182,15 +182,19 @@ elif case in ("die", "stop"):
     hvd.init(failure_timeout_seconds=3, heartbeat_seconds=0.5)
     rank = hvd.rank()
     phase("posting")
+    stopped_at = None
     try:
         for step in range(100000):
             if rank == 1 and step == 5:
+                if case == "stop":  # the survivors' detection time is measured from here
+                    stopped_at = time.time()
+                    report({"stopped_at": stopped_at})
                 os.kill(os.getpid(), signal.SIGKILL if case == "die" else signal.SIGSTOP)
             hvd.partial_allreduce(np.ones(8), "grads", mode=hvd.Solo())
             time.sleep(0.01)
         report({"error": None})
     except hvd.RankFailedError as err:
-        report({"error": str(err), "failed_rank": err.rank})
+        report({"error": str(err), "failed_rank": err.rank, "failed_at": time.time(), "stopped_at": stopped_at})
         raise
 
 elif case == "shutdown_in_flight":

@@ -3,17 +3,20 @@
 - :class:`DecentralStream`: when each round of a solo or majority stream
   starts, decided by the ranks themselves (activation flood, staleness and
   flush gathers, quorum notices), with facts reduced inside every round.
+- :class:`Agreements`: registration, sync flush rounds and shutdown, as
+  gathers to rank 0 and floods of the outcome.
 - :class:`RingLiveness`: ring heartbeats and a failure flood, O(1) messages
   per rank per period.
 
 See docs/control-plane.md for the design and its proofs.
 """
 
+from .agreement import AgreementOutcome, AgreementReport, Agreements
 from .facts import RoundView
 from .gather import Gather
 from .liveness import RingLiveness
 from .messages import Activate, Complete, Failed, Gathered, Heartbeat, Join, PeerFailed, Ready, Rejected, Send
 from .stream import DecentralStream
 
-__all__ = ["DecentralStream", "RingLiveness", "RoundView", "Gather", "Activate", "Complete", "Failed", "Gathered",
+__all__ = ["DecentralStream", "Agreements", "AgreementReport", "AgreementOutcome", "RingLiveness", "RoundView", "Gather", "Activate", "Complete", "Failed", "Gathered",
            "Heartbeat", "Join", "PeerFailed", "Ready", "Rejected", "Send"]

@@ -65,6 +65,13 @@ class RoundView:
         training, and its flush took every round up to that flush round."""
         r = round_number + 1
         P = facts.shape[1]
+        flushing_row = facts[FLUSHING]
+        if not flushing_row.any():
+            # Nobody joined flushing (the steady state): everyone trains.
+            known = facts[KNOWN_TAKEN]
+            lowest = r - max_staleness + 1
+            blockers = _EMPTY if known.min() >= lowest else np.flatnonzero(known < lowest)
+            return cls(r, _everyone(P), blockers, known, _nobody(P))
         if is_flush_round(facts, flushes_done - 1) and last_flush_round == round_number:
             # the flush round: every rank took everything and trains again
             everyone = np.arange(P)
@@ -82,15 +89,48 @@ class RoundView:
 def is_flush_round(facts: np.ndarray, flushes_before: int) -> bool:
     """Every rank joined the round flushing, in the flush after the
     ``flushes_before`` completed ones: the round sums every pending post."""
-    return bool((facts[FLUSHING] == flushes_before + 1).all())
+    row = facts[FLUSHING]
+    return row[0] == flushes_before + 1 and bool((row == flushes_before + 1).all())
 
 
 def round_facts(facts: np.ndarray, flushes_before: int = 0):
     """``(contributors, staleness, initiator, flush)`` of a reduced facts array,
     after ``flushes_before`` completed flush rounds."""
-    contributors = np.flatnonzero(facts[STALENESS]).tolist()
-    staleness = dict(zip(contributors, (facts[STALENESS, contributors] - 1).tolist()))
+    stale = facts[STALENESS]
+    summed = stale.nonzero()[0]
+    contributors = summed.tolist()
+    staleness = dict(zip(contributors, (stale[summed] - 1).tolist()))
     flush = is_flush_round(facts, flushes_before)
-    starters = np.flatnonzero(facts[INITIATED])
-    initiator = None if flush or len(starters) == 0 else int(starters[0])
+    initiated = facts[INITIATED]
+    first = int(initiated.argmax())  # the lowest rank that started the round, if any did
+    initiator = None if flush or not initiated[first] else first
     return contributors, staleness, initiator, flush
+
+
+# Shared read-only arrays of the steady-state view, one per world size.
+_EMPTY = np.zeros(0, np.int64)
+_EMPTY.flags.writeable = False
+_EVERYONE: dict[int, np.ndarray] = {}
+_NOBODY: dict[int, np.ndarray] = {}
+
+
+def _everyone(P: int) -> np.ndarray:
+    out = _EVERYONE.get(P)
+    if out is None:
+        out = _EVERYONE[P] = np.arange(P)
+        out.flags.writeable = False
+    return out
+
+
+def _nobody(P: int) -> np.ndarray:
+    out = _NOBODY.get(P)
+    if out is None:
+        out = _NOBODY[P] = np.zeros(P, bool)
+        out.flags.writeable = False
+    return out
+
+
+def lags(facts: np.ndarray, round_number: int) -> list:
+    """Per rank, how many rounds it had not taken when it joined round
+    ``round_number`` (from the round's reduced facts; a waiting post counts as taken)."""
+    return np.maximum(round_number - facts[KNOWN_TAKEN], 0).tolist()

@@ -97,7 +97,8 @@ class DecentralStream:
     """
 
     def __init__(self, rank: int, world_size: int, kind: str, max_staleness: int, name: str = "stream",
-                 seed: int = 0, quorum: int | None = None, signature=None, external_registration: bool = False):
+                 seed: int = 0, quorum: int | None = None, signature=None, external_registration: bool = False,
+                 posts_need_data: bool = False):
         if kind not in ("solo", "majority"):
             raise ValueError(f"decentralized rounds are for solo and majority streams, not {kind!r}")
         self.rank = rank
@@ -111,6 +112,9 @@ class DecentralStream:
         # Registration agreed by someone else (the driver's registration): no
         # registration gather; round 0 starts at registered().
         self.external_registration = external_registration
+        # A round nobody contributed to does not answer a post (the framework adapters
+        # expect a post's rounds to bring data): the post waits for the next round.
+        self.posts_need_data = posts_need_data
         self.activation = Activation(rank, world_size)
         self.pending: list[_Pending] = []
         self.seq = 0
@@ -127,6 +131,7 @@ class DecentralStream:
         self.held: _Held | None = None
         self.early: dict[int, list] = {}  # round -> messages for it that came before its view
         self._last_joined = -1
+        self._designated_cache = (-1, -1)
         self._flush_results: list = []
         self._hold(self.view)
 
@@ -138,7 +143,7 @@ class DecentralStream:
         self.seq += 1
         self.pending.append(_Pending(self.seq, self.taken, payload))
         out: list = []
-        if self.completed > self.taken:
+        if self.completed > self.taken and (not self.posts_need_data or _any_data(self.results)):
             out.append(Complete("post", self.seq, self._take()))
         else:
             self.waiter = ("post", self.seq)
@@ -199,7 +204,7 @@ class DecentralStream:
         contributors, staleness, initiator, flush = round_facts(facts, self.flushes_done)
         if self.kind == "majority" and self.completed > 0 and not flush:
             # the designated rank, whether it posted or stood in while flushing
-            initiator = designated_initiator(self.seed, self.name, self.completed, self.world_size)
+            initiator = self._designated(self.completed)
         return contributors, staleness, initiator, flush
 
     def on_reduced(self, round_number: int, value, facts: np.ndarray, result: RoundResult | None = None) -> list:
@@ -223,8 +228,9 @@ class DecentralStream:
         if self.waiter is not None:
             kind, seq = self.waiter
             if kind == "post":
-                self.waiter = None
-                out.append(Complete("post", seq, self._take()))
+                if not self.posts_need_data or result.contributors or flush:
+                    self.waiter = None
+                    out.append(Complete("post", seq, self._take()))
             elif flush:
                 self.waiter = None
                 self.flushing = False
@@ -256,21 +262,26 @@ class DecentralStream:
             held.signature, held.first = self.signature, me
         else:
             if self.kind == "majority":
-                d = designated_initiator(self.seed, self.name, view.round, self.world_size)
+                d = self._designated(view.round)
                 held.designated = d
-                others = view.blockers[view.blockers != d]
-                order = np.concatenate([np.array([d], dtype=np.int64), others])
-                if me == d:
-                    position = 0
+                if not len(view.blockers):  # the steady state: a gather of the designated rank alone
+                    order, position = np.array([d]), 0 if me == d else None
                 else:
-                    p = position_in_sorted(others, me)
-                    position = None if p is None else p + 1
+                    others = view.blockers[view.blockers != d]
+                    order = np.concatenate([np.array([d], dtype=np.int64), others])
+                    if me == d:
+                        position = 0
+                    else:
+                        p = position_in_sorted(others, me)
+                        position = None if p is None else p + 1
                 held.stale = Gather.member("stale", order, me, position)
                 if held.stale is not None and position == 0:
                     held.stale.ready = True  # the designated initiator's own conditions are checked apart
             elif len(view.blockers):
                 held.stale = Gather.member("stale", view.blockers, me, position_in_sorted(view.blockers, me))
-            held.flush = Gather.member("flush", view.training, me, position_in_sorted(view.training, me))
+            everyone = len(view.training) == self.world_size  # then training is 0..P-1
+            held.flush = Gather.member("flush", view.training, me,
+                                       me if everyone else position_in_sorted(view.training, me))
         self.held = held
         for source, msg in self.early.pop(view.round, []):
             self._apply(held, source, msg)
@@ -333,6 +344,14 @@ class DecentralStream:
         if self._may_start(held, holds):
             out += self._start(c, initiated=not view.registration)
         return out
+
+    def _designated(self, round_number: int) -> int:
+        """Majority's designated initiator of ``round_number`` (asked twice per round: cached)."""
+        cached = self._designated_cache
+        if cached[0] != round_number:
+            cached = self._designated_cache = (round_number, designated_initiator(
+                self.seed, self.name, round_number, self.world_size))
+        return cached[1]
 
     def _reject(self, mismatch: tuple) -> list:
         """Registration found two ranks that disagree: tell everyone, and fail."""
@@ -400,3 +419,7 @@ class DecentralStream:
         self.results.clear()
         self.taken = self.completed
         return out
+
+
+def _any_data(results) -> bool:
+    return any(r.contributors or r.flush for r in results)
