@@ -49,6 +49,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 from collections import deque
@@ -58,6 +59,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..core.fusion import Layout
+from ..core.decentral.agreement import AgreementOutcome, AgreementReport
 from ..core.messages import Closed, Flush, FlushBegun, Goodbye, Post, Register, Registered, Rejected
 from ..modes import Mode, Sum
 from ..transport.loopback import LoopbackWorld
@@ -169,17 +171,31 @@ class _TimedWorld(LoopbackWorld):
 CONTROL_PLANES = ("central", "decentral")
 # the reports the coordinator decides on (its decision code walks every rank)
 _COORDINATOR_REPORTS = (Register, Post, Flush, Goodbye)
-# messages once per stream or per shutdown, not per round (registration, a sync flush's check, goodbye)
-_SETUP = (Register, Registered, Rejected, FlushBegun, Goodbye, Closed)
+# messages once per stream or per shutdown, not per round (registration, a sync flush, goodbye; the
+# decentral plane's agreements on them)
+_SETUP = (Register, Registered, Rejected, FlushBegun, Goodbye, Closed, AgreementReport, AgreementOutcome)
+
+
+_FIELDS: dict[type, tuple] = {}
 
 
 def ranks_carried(message) -> int:
     """How many per-rank entries ``message`` carries (the longest sequence or
-    array among its fields): what its pickling and unpickling grow with."""
+    array among its fields, also inside a message it wraps): what its pickling
+    and unpickling grow with."""
+    kind = type(message)
+    names = _FIELDS.get(kind)
+    if names is None:
+        names = _FIELDS[kind] = (tuple(f.name for f in dataclasses.fields(kind)) if dataclasses.is_dataclass(kind)
+                                 else None)
+    values = (getattr(message, name) for name in names) if names is not None else vars(message).values() \
+        if hasattr(message, "__dict__") else ()
     n = 0
-    for value in getattr(message, "__dict__", {}).values():
+    for value in values:
         if isinstance(value, (tuple, list, np.ndarray)):
             n = max(n, len(value))
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            n = max(n, ranks_carried(value))
     return n
 
 
@@ -206,9 +222,8 @@ class ClusterSimulator:
         tau = 0 if mode.kind == "sync" else max_staleness
         # The reduction runs over a one-element buffer; its cost is the model's
         # for ``nbytes``. Only rank 0's results are kept (all would cost O(P^2) memory).
-        plane = {} if control_plane == "central" else {"control_plane": control_plane}
         self.world = _TimedWorld(self, world_size, mode, Sum, tau, Layout.of([np.zeros(1)]), keep_results=(0,),
-                                 **plane)
+                                 control_plane=control_plane)
         self.heap: list = []
         self.seq = 0
         self.now = 0.0
