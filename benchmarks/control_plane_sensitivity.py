@@ -3,16 +3,11 @@ simulator's projection of solo over sync (one slow rank per step, 20 ms
 steps, 100 ms delays, 1 MiB, tau = 8) with one part of the fitted network
 model (``benchmarks/results/paper_scale_network.json``) set to zero at a time.
 
-- at 1,024 ranks (30 steps): the message latency, the reduction, the
-  engines' own time (handling, sends, the per-round view);
-- at 4,096 ranks (30 steps): the per-rank term of the coordinator's
-  decisions, which under the decentral plane prices only registration (and a
-  sync stream's flush and shutdown) at rank 0: the model charges every
-  ``Register`` as a decision that walks every rank, while the coordinator's
-  ``on_register`` walks them only for the last one.
+the message latency, the reduction, the engines' own time (handling, sends,
+the per-round view).
 
-    python benchmarks/control_plane_sensitivity.py            # ~10 minutes on 2 cores
-    python benchmarks/control_plane_sensitivity.py --sizes 1024
+    python benchmarks/control_plane_sensitivity.py                     # 1,024 ranks, ~3 minutes
+    python benchmarks/control_plane_sensitivity.py --sizes 1024,4096   # ~15 minutes more
 
 Writes benchmarks/results/new/control_plane_sensitivity.{md,json}.
 """
@@ -38,20 +33,17 @@ from result_files import new_result_path  # noqa: E402
 
 
 def variants(net: NetworkModel, p: int) -> dict:
-    if p <= 1024:
-        return {"as fitted": net,
-                "no message latency": net.replace(message_latency_s=0.0, message_per_rank_s=0.0),
-                "no reduction cost": net.replace(reduce_base_s=0.0, reduce_alpha_s=0.0, reduce_beta_s_per_byte=0.0),
-                "no engine time (handling, sends, view)": net.replace(
-                    coordinator_s=0.0, coordinator_per_rank_s=0.0, send_overhead_s=0.0, send_per_rank_s=0.0,
-                    view_per_rank_s=0.0)}
-    return {"registration priced O(1) per message (coordinator_per_rank_s = 0)":
-            net.replace(coordinator_per_rank_s=0.0)}
+    return {"as fitted": net,
+            "no message latency": net.replace(message_latency_s=0.0, message_per_rank_s=0.0),
+            "no reduction cost": net.replace(reduce_base_s=0.0, reduce_alpha_s=0.0, reduce_beta_s_per_byte=0.0),
+            "no engine time (handling, sends, view)": net.replace(
+                coordinator_s=0.0, coordinator_per_rank_s=0.0, send_overhead_s=0.0, send_per_rank_s=0.0,
+                view_per_rank_s=0.0)}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="1024,4096")
+    parser.add_argument("--sizes", default="1024")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--network", default=os.path.join(HERE, "results", "paper_scale_network.json"))
     args = parser.parse_args(argv)

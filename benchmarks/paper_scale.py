@@ -810,12 +810,12 @@ def main(argv=None):
                   "(decentral plane; the central one's in brackets where it differs); 'busiest engine' = the largest "
                   "fraction of the run one rank's engine spends serving its control policy for rounds (rank 0 for "
                   "central); 'after round 0' = the same ratio over the posts after every rank's first and the time "
-                  "after the last rank completed round 0 (leaves out registration, which passes through rank 0 under "
-                  "both planes, and every rank's first step).", "",
+                  "after the last rank completed round 0 (leaves out the stream's registration and every rank's first "
+                  "step).", "",
                   planes_table(comparison), "",
                   "Control messages per rank per round (solo, one slow rank per step, sent plus received, between "
                   "ranks, over the run divided by the rounds started; the flush included, registration and shutdown (once per "
-                  "stream, through rank 0 under both planes) and liveness apart), counted by the simulator:", "",
+                  "stream) and liveness apart), counted by the simulator:", "",
                   planes_messages_table(comparison)]
     text = "\n".join(lines)
     print(text)
