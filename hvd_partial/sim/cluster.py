@@ -188,8 +188,10 @@ def ranks_carried(message) -> int:
     if names is None:
         names = _FIELDS[kind] = (tuple(f.name for f in dataclasses.fields(kind)) if dataclasses.is_dataclass(kind)
                                  else None)
-    values = (getattr(message, name) for name in names) if names is not None else vars(message).values() \
-        if hasattr(message, "__dict__") else ()
+    if names is not None:
+        values = [getattr(message, name) for name in names]
+    else:
+        values = list(getattr(message, "__dict__", {}).values())
     n = 0
     for value in values:
         if isinstance(value, (tuple, list, np.ndarray)):

@@ -214,6 +214,10 @@ def test_message_costs_grow_with_the_ranks_a_message_carries():
 
     assert ranks_carried(Start(0, 7, 1, lag=tuple([1] * 12))) == 12
     assert ranks_carried(Post(3, 0, 1, 0, 1, True)) == 0
+    from hvd_partial.core.control import StreamMessage
+    from hvd_partial.core.decentral.messages import Activate
+    assert ranks_carried(StreamMessage(0, Activate(5))) == 0  # a slotted wrapper of a small message
+    assert ranks_carried(StreamMessage(0, Start(0, 7, 1, lag=tuple([1] * 9)))) == 9
     net = NetworkModel(coordinator_s=1e-6, coordinator_per_rank_s=1e-8, view_per_rank_s=1e-9)
     assert net.handling_seconds(1000, walks_ranks=False) == 1e-6
     assert net.handling_seconds(1000, walks_ranks=True) == net.coordinator_seconds(1000) == pytest.approx(1.1e-5)
