@@ -100,6 +100,9 @@ class StreamMessage:
     stream: int
     message: Any
 
+    def __reduce__(self):  # a plain tuple on the wire: one per activation, so it should be cheap
+        return StreamMessage, (self.stream, self.message)
+
 
 class DecentralControl:
     """No coordinator: every solo and majority stream runs a

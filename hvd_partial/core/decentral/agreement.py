@@ -58,6 +58,9 @@ class AgreementReport:
     position: int
     payload: Any = None
 
+    def __reduce__(self):
+        return AgreementReport, (self.key, self.position, self.payload)
+
 
 @dataclass(frozen=True, slots=True)
 class AgreementOutcome:
@@ -66,6 +69,9 @@ class AgreementOutcome:
 
     key: tuple
     message: Any
+
+    def __reduce__(self):
+        return AgreementOutcome, (self.key, self.message)
 
 
 class _Open:

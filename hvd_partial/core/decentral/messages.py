@@ -18,6 +18,9 @@ class Activate:
 
     round: int
 
+    def __reduce__(self):  # the most frequent message between ranks: keep its pickle small
+        return Activate, (self.round,)
+
 
 @dataclass(frozen=True)
 class Gathered:
