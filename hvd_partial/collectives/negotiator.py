@@ -150,7 +150,8 @@ class Negotiator:
                 return False
             from ..transport.helper_channel import HelperChannel  # MPI only where the transport has it
 
-            self._channel = HelperChannel(helpers, getattr(self._transport, "doorbell", None))
+            self._channel = HelperChannel(helpers, getattr(self._transport, "doorbell", None),
+                                          getattr(self._transport, "tag_base", 0))
         worked = self._complete_collectives()
         for cycle in self._channel.wakes():
             self._wanted = max(self._wanted, cycle)

@@ -28,8 +28,9 @@ _OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "product": MPI.PROD}
 class HelperChannel:
     """Nonblocking collectives and wake-up notices on one communicator."""
 
-    def __init__(self, comm, doorbell=None):
+    def __init__(self, comm, doorbell=None, tag_base: int = 0):
         self.comm = comm
+        self._wake_tag = tag_base + TAG_WAKE  # the session's own (see MpiTransport.tag_base)
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.doorbell = doorbell
@@ -59,7 +60,7 @@ class HelperChannel:
         payload = np.array([cycle], dtype=np.int64)
         for dest in range(self.size):
             if dest != self.rank:
-                self._sends.append((self.comm.Isend(payload, dest=dest, tag=TAG_WAKE), payload))
+                self._sends.append((self.comm.Isend(payload, dest=dest, tag=self._wake_tag), payload))
                 if self.doorbell is not None:
                     self.doorbell.ring(dest)
 
@@ -68,8 +69,8 @@ class HelperChannel:
         if self._sends:
             self._sends = [(r, p) for r, p in self._sends if not r.Test()]
         out = []
-        while self.comm.Iprobe(MPI.ANY_SOURCE, TAG_WAKE):
-            self.comm.Recv(self._wake_buffer, source=MPI.ANY_SOURCE, tag=TAG_WAKE)
+        while self.comm.Iprobe(MPI.ANY_SOURCE, self._wake_tag):
+            self.comm.Recv(self._wake_buffer, source=MPI.ANY_SOURCE, tag=self._wake_tag)
             out.append(int(self._wake_buffer[0]))
         return out
 

@@ -54,6 +54,23 @@ def _first_line(err: Exception) -> str:
     return (str(err).strip().splitlines() or [repr(err)])[0].removesuffix(", error stack:")
 
 
+# Control messages carry their session in the tag: MPI reuses a freed communicator's context,
+# so a message sent but never received in one init() ... shutdown() (a flood's late copy, a
+# heartbeat) could otherwise be received in the next one. Tags: _TAG_BASE + session slot * _TAG_SPAN + tag.
+_TAG_BASE = 100
+_TAG_SPAN = 32
+_SESSION_SLOTS = 8
+_sessions_begun = 0  # in this process; agreed across ranks at each init
+
+
+def _agree_on_session(comm) -> int:
+    """The number of this init() among the ranks (all agree; collective)."""
+    global _sessions_begun
+    session = comm.allreduce(_sessions_begun, op=MPI.MAX)
+    _sessions_begun = session + 1
+    return session
+
+
 class MpiTransport:
     """Point-to-point control messages and nonblocking collectives over MPI."""
 
@@ -74,6 +91,7 @@ class MpiTransport:
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.control = comm.Dup()
+        self.tag_base = _TAG_BASE + (_agree_on_session(self.control) % _SESSION_SLOTS) * _TAG_SPAN
         self.helpers = comm.Dup()
         self.factory = comm.Dup()
         node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
@@ -96,7 +114,7 @@ class MpiTransport:
     # -- control messages --------------------------------------------------------
 
     def send(self, dest: int, tag: int, message) -> None:
-        self._sends.append(self.control.isend(message, dest=dest, tag=tag))
+        self._sends.append(self.control.isend(message, dest=dest, tag=self.tag_base + tag))
         if self.doorbell is not None and tag in _URGENT_TAGS:
             self.doorbell.ring(dest)
 
@@ -119,8 +137,10 @@ class MpiTransport:
                 if out or probes <= 0:
                     return out
                 continue
-            source, tag = self._status.Get_source(), self._status.Get_tag()
-            out.append((source, tag, handle.recv()))
+            source, tag = self._status.Get_source(), self._status.Get_tag() - self.tag_base
+            message = handle.recv()
+            if 0 <= tag < _TAG_SPAN:  # else a late message of an earlier session: dropped
+                out.append((source, tag, message))
 
     def progress_sends(self) -> int:
         """Drop completed sends; returns how many are still outstanding."""

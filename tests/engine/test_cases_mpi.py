@@ -127,6 +127,20 @@ def test_init_after_shutdown_starts_a_fresh_session():
         assert rep["stats_rounds"] == 2 and rep["rank"] == rank
 
 
+def test_a_message_left_unreceived_in_one_session_never_reaches_the_next():
+    res = run_mpi("engine_cases.py", 2, "stale_message")
+    assert res.results[1]["got"] == ["from the second session"]
+
+
+def test_sessions_back_to_back_each_start_fresh_and_lose_nothing():
+    nprocs = 4
+    res = run_mpi("engine_cases.py", nprocs, "sessions_back_to_back")
+    for rank, rep in res.results.items():
+        for session in rep["sessions"]:
+            assert session["first_round"] == 0 and session["in_order"], (rank, session)
+            assert session["total"] == 25 * nprocs, (rank, session)  # every post summed exactly once
+
+
 def test_fusion_threshold_splits_a_grouped_stream_into_buckets_that_take_the_same_rounds():
     nprocs = 3
     res = run_mpi("engine_cases.py", nprocs, "fusion_buckets", 1024)

@@ -357,6 +357,57 @@ elif case == "reinit":
     hvd.shutdown()
     report(out)
 
+elif case == "stale_message":
+    # A control message sent in one session and never received must not reach the next
+    # session (MPI reuses a freed communicator's context; floods leave late copies behind).
+    from hvd_partial.transport.mpi import MpiTransport
+    from hvd_partial.transport.tags import TAG_PROTOCOL
+
+    rank = MPI.COMM_WORLD.Get_rank()
+    first = MpiTransport(doorbell=False)
+    if rank == 0:
+        first.send(1, TAG_PROTOCOL, "from the first session")
+        while first.progress_sends():
+            pass
+    elif rank == 1:
+        while not first.control.Iprobe(0, MPI.ANY_TAG):  # it has arrived, and stays unreceived
+            pass
+    first.control.Barrier()
+    first.free()
+    second = MpiTransport(doorbell=False)
+    if rank == 0:
+        second.send(1, TAG_PROTOCOL, "from the second session")
+    got = []
+    if rank == 1:
+        while not got:
+            got = [m for _, _, m in second.receive()]
+    second.control.Barrier()
+    second.free()
+    report({"got": got})
+
+elif case == "sessions_back_to_back":
+    # Several init ... shutdown in a row, solo and majority streams out of step: each session
+    # starts from round 0 and loses nothing, whatever the last one left in flight.
+    rank = MPI.COMM_WORLD.Get_rank()
+    out = []
+    for session in range(4):
+        hvd.init()
+        size = hvd.size()
+        total, rounds = 0.0, []
+        mode = hvd.Solo() if session % 2 == 0 else hvd.Majority(seed=session)
+        for step in range(25):
+            if (step + rank) % 4 == 0:
+                time.sleep(0.002)  # compute of uneven length
+            for r in hvd.partial_allreduce(np.ones(2), "g", mode=mode, op=hvd.Sum):
+                total += float(r.array[0])
+                rounds.append(r.round)
+        for r in hvd.flush("g"):
+            total += float(r.array[0])
+            rounds.append(r.round)
+        hvd.shutdown()
+        out.append({"total": total, "first_round": rounds[0], "in_order": rounds == list(range(len(rounds)))})
+    report({"sessions": out, "size": size})
+
 elif case == "fusion_buckets":
     # A grouped solo stream whose fused buffers are bounded by a small
     # fusion_threshold_bytes: several MPI buffers, one stream, so every
