@@ -343,16 +343,17 @@ def calibrate(sizes: list[int], iters: int, gap_s: float, timeout: float, host_b
 
 # ===== 2. validation ==============================================================================
 
-def simulate_row(row: dict, net: NetworkModel):
+def simulate_row(row: dict, net: NetworkModel, plane: str = "central"):
     p = row["P"]
     return simulate(p, mode_for(row["mode"], p, row["seed"]), row["tau"], row["steps"], compute_for(row["schedule"], p),
-                    net, nbytes=row["nbytes"], deadline_s=row.get("deadline_s"))
+                    net, nbytes=row["nbytes"], deadline_s=row.get("deadline_s"), control_plane=plane)
 
 
-def validate(rows: list[dict], calibration: dict) -> list[dict]:
+def validate(rows: list[dict], calibration: dict, plane: str = "central") -> list[dict]:
+    """Simulate every measured case of experiment 1 under control plane ``plane`` (the one the real runs used)."""
     out = []
     for row in rows:
-        sim = simulate_row(row, network_at(calibration, row["P"]))
+        sim = simulate_row(row, network_at(calibration, row["P"]), plane)
         measured_posts, measured_rounds = row["posts"] / row["seconds"], row["rounds"] / row["seconds"]
         out.append({
             "sweep": row["sweep"], "P": row["P"], "mode": row["mode"], "tau": row["tau"], "schedule": row["schedule"],
@@ -746,7 +747,8 @@ def main(argv=None):
             exp1 = json.load(fh)
         rows = [r for r in exp1["rows"] if 2 <= r["P"] <= 8]
         print(f"validating against {len(rows)} cases of {os.path.relpath(args.throughput, ROOT)} ...", flush=True)
-        val = validate(rows, calibration)
+        # Experiment 1's runs say which control plane their engine ran (files from before it existed: central).
+        val = validate(rows, calibration, exp1.get("machine", {}).get("control_plane", "central"))
         summary = validation_summary(val)
     else:
         print(f"no {args.throughput}: run benchmarks/paper_throughput.py first; skipping the validation")

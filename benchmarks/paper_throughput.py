@@ -334,8 +334,10 @@ def machine() -> dict:
         mpi = MPI.Get_library_version().strip().splitlines()[0]
     except Exception:  # noqa: BLE001 - informational only
         mpi = "unknown"
+    from hvd_partial.config import load_config
+
     return {"cores": os.cpu_count(), "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
-            "mpi": mpi, "loadavg_at_start": load}
+            "mpi": mpi, "loadavg_at_start": load, "control_plane": load_config().control_plane}
 
 
 def main(argv=None):
@@ -378,7 +380,7 @@ def main(argv=None):
     command = "python benchmarks/paper_throughput.py " + " ".join(a for a in (argv if argv is not None else sys.argv[1:]))
     text = tables(rows, args)
     header = (f"Command: `{command.strip()}`  \nMachine: {info['cores']} cores ({info['cpu']}), Python {info['python']}, "
-              f"{info['mpi']}; load average at start {info['loadavg_at_start'][0]:.2f}, at end "
+              f"{info['mpi']}, control plane {info['control_plane']}; load average at start {info['loadavg_at_start'][0]:.2f}, at end "
               f"{info['loadavg_at_end'][0]:.2f}; wall time {info['wall_seconds']:.0f} s.\n\n")
     print(text)
     with open(new_result_path(args.out + ".md"), "w") as fh:

@@ -148,6 +148,9 @@ def test_a_stream_posted_on_some_ranks_only_is_refused_there_at_shutdown(plane):
     assert isinstance(error, MismatchError)
     assert "'lonely' was posted on ranks [1] but never on ranks [0, 2, 3] before shutdown" in str(error)
     assert all(world.results(j)[-1].flush for j in range(4))
+    for j in range(4):  # plain Python values in every result (callers serialize them)
+        assert all(type(r.flush) is bool and (r.initiator is None or type(r.initiator) is int)
+                   for r in world.results(j)), plane
 
 
 @pytest.mark.parametrize("plane", ["central", "decentral"])

@@ -90,7 +90,7 @@ def is_flush_round(facts: np.ndarray, flushes_before: int) -> bool:
     """Every rank joined the round flushing, in the flush after the
     ``flushes_before`` completed ones: the round sums every pending post."""
     row = facts[FLUSHING]
-    return row[0] == flushes_before + 1 and bool((row == flushes_before + 1).all())
+    return bool(row[0] == flushes_before + 1) and bool((row == flushes_before + 1).all())
 
 
 def round_facts(facts: np.ndarray, flushes_before: int = 0):
