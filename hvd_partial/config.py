@@ -88,6 +88,12 @@ class Config:
     #: ranks themselves, O(log P) control messages per rank per round) or
     #: ``central`` (rank 0 decides every round; the earlier design).
     control_plane: str = "decentral"
+    #: Under the ``decentral`` plane, a solo round that this rank's post
+    #: starts in balanced training (every rank contributed to the last round)
+    #: waits this long, in microseconds, before this rank sends its
+    #: activations: if every rank starts the round itself meanwhile, none are
+    #: sent. A late rank is activated this much later. 0: at once.
+    activation_delay_us: float = 2000.0
 
     def __post_init__(self):
         if self.max_staleness < 0:
@@ -95,7 +101,7 @@ class Config:
         for name in ("heartbeat_seconds", "failure_timeout_seconds", "idle_poll_ms", "doorbell_poll_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("spin_us", "reduce_poll_us"):
+        for name in ("spin_us", "reduce_poll_us", "activation_delay_us"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.abort_grace_seconds < 0:

@@ -43,6 +43,20 @@ class MpiResult:
         return f"--- stdout ---\n{self.stdout[-n:]}\n--- stderr ---\n{self.stderr[-n:]}"
 
 
+def run_job(cmd: list, env: dict, timeout: float, cwd=None) -> tuple[int, str, str, bool]:
+    """Run ``cmd`` in a session of its own, so that a timeout kills the whole
+    job (mpiexec and every rank). Returns (returncode, stdout, stderr, timed_out)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        return proc.returncode, stdout, stderr, False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        return proc.returncode, stdout, stderr, True
+
+
 def run_mpi(worker: str, nprocs: int, *args, timeout: float = 90, env: dict | None = None,
             expect_success: bool = True, keep_survivors: bool = False, require_reports: bool = True) -> MpiResult:
     """Run ``tests/workers/<worker>`` (or a script given by absolute path) on
@@ -59,16 +73,8 @@ def run_mpi(worker: str, nprocs: int, *args, timeout: float = 90, env: dict | No
                      "PYTHONUNBUFFERED": "1"})
     full_env.update(env or {})
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        timed_out = True
-    result = MpiResult(nprocs, proc.returncode, stdout, stderr, elapsed=time.monotonic() - started)
+    returncode, stdout, stderr, timed_out = run_job(cmd, full_env, timeout)
+    result = MpiResult(nprocs, returncode, stdout, stderr, elapsed=time.monotonic() - started)
     for rank in range(nprocs):
         path = Path(out_dir, f"rank{rank}.json")
         if path.exists():
@@ -82,8 +88,8 @@ def run_mpi(worker: str, nprocs: int, *args, timeout: float = 90, env: dict | No
         pytest.fail(f"mpiexec -n {nprocs} {worker} timed out after {timeout:.0f} s and was killed; "
                     f"ranks that never finished: {detail or 'none (all reported, the job did not exit)'}\n"
                     + result.tail())
-    if expect_success and proc.returncode != 0:
-        pytest.fail(f"mpiexec -n {nprocs} {worker} exited with {proc.returncode}\n" + result.tail())
+    if expect_success and returncode != 0:
+        pytest.fail(f"mpiexec -n {nprocs} {worker} exited with {returncode}\n" + result.tail())
     if expect_success and require_reports:
         missing = [r for r in range(nprocs) if r not in result.results]
         if missing:

@@ -80,9 +80,17 @@ class Activation:
         self.world_size = world_size
         self.neighbours = hypercube_neighbours(rank, world_size)
         self.latest = -1  # highest round heard
+        self.heard_from: set[int] = set()  # neighbours that sent the latest round: they need no copy
 
     def heard(self, round_number: int) -> bool:
         return round_number <= self.latest
+
+    def still_to_tell(self, round_number: int) -> list[int]:
+        """The neighbours not yet heard from in ``round_number`` (the latest
+        round): where a held-back flood of it goes."""
+        if round_number != self.latest:
+            return []
+        return [n for n in self.neighbours if n not in self.heard_from]
 
     def start(self, round_number: int) -> list[int]:
         """This rank starts ``round_number`` itself."""
@@ -94,9 +102,12 @@ class Activation:
 
     def _first(self, round_number: int, source: int | None) -> list[int]:
         if round_number <= self.latest:
+            if round_number == self.latest and source is not None:
+                self.heard_from.add(source)
             return []  # a duplicate (concurrent initiators) or a late copy
         if round_number != self.latest + 1:
             raise EngineError(f"rank {self.rank}: activation of round {round_number} "
                                  f"before round {self.latest + 1}")
         self.latest = round_number
+        self.heard_from = set() if source is None else {source}
         return [n for n in self.neighbours if n != source]

@@ -36,7 +36,7 @@ from ..modes import mode_from_description
 from .coordinator import Coordinator
 from .decentral.agreement import Agreements
 from .decentral.facts import FIELDS
-from .decentral.messages import Join, Send
+from .decentral.messages import Defer, Join, ReleaseActivation, Send
 from .decentral.stream import DecentralStream
 from .messages import Flush, Goodbye, Post, Register
 
@@ -116,11 +116,14 @@ class DecentralControl:
     """
 
     def __init__(self, rank: int, size: int, send: Callable[[int, object], None],
-                 start: Callable[[int, int, object], None]):
+                 start: Callable[[int, int, object], None], defer: Callable[[int, int], None] | None = None):
         self.rank = rank
         self.size = size
         self._send = send
         self._start = start
+        # Where the host holds a solo round's flood back (defer(stream_id, round); see
+        # DecentralStream), it later delivers release_message(stream_id, round) to this rank.
+        self._defer = defer
         # Outcomes for this rank's driver travel as messages to itself.
         self.agreements = Agreements(rank, size, send, lambda decision: send(rank, decision))
         self.coordinator = None
@@ -162,7 +165,8 @@ class DecentralControl:
             raise ConfigError(f"stream {stream.name!r}: no decentralized rounds for mode {mode.kind!r}")
         machine = DecentralStream(self.rank, self.size, mode.kind, signature.max_staleness, stream.name,
                                   seed=getattr(mode, "seed", 0), quorum=getattr(mode, "quorum", None),
-                                  external_registration=True, posts_need_data=True)
+                                  external_registration=True, posts_need_data=True,
+                                  defer_activations=self._defer is not None)
         self.streams[stream.id] = machine
         stream.read_facts = self._facts_reader(machine)
         stream.posts_need_data = True
@@ -177,6 +181,11 @@ class DecentralControl:
 
     def decides_completion(self, stream) -> bool:
         return False
+
+    @staticmethod
+    def release_message(sid: int, round_number: int) -> StreamMessage:
+        """What the host hands this rank's driver when the activation delay of ``round_number`` passed."""
+        return StreamMessage(sid, ReleaseActivation(round_number))
 
     def round_completed(self, stream, launch, result=None) -> None:
         machine = self.streams.get(stream.id)
@@ -202,12 +211,15 @@ class DecentralControl:
                 self._send(action.dest, StreamMessage(sid, action.message))
             elif kind is Join:
                 self._start(sid, action.round, action.facts)
+            elif kind is Defer:
+                self._defer(sid, action.round)
 
 
-def make_control(kind: str, rank: int, size: int, send, start):
-    """The control policy named ``kind``: ``"central"`` or ``"decentral"``."""
+def make_control(kind: str, rank: int, size: int, send, start, defer=None):
+    """The control policy named ``kind``: ``"central"`` or ``"decentral"``
+    (``defer``: the host's timer for held-back floods, or None)."""
     if kind == "central":
         return CentralControl(rank, size, send)
     if kind == "decentral":
-        return DecentralControl(rank, size, send, start)
+        return DecentralControl(rank, size, send, start, defer)
     raise ConfigError(f"control_plane must be 'central' or 'decentral', got {kind!r}")

@@ -53,17 +53,24 @@ class DriverHost(Protocol):
     def failed(self, error: Exception) -> None:
         """This rank cannot go on (every rank must be told)."""
 
+    def defer_activation(self, stream_id: int, round_number: int) -> None:
+        """Only where the driver was made with ``defer_activations``: after the
+        activation delay, hand ``Driver.release_message(stream_id, round_number)``
+        to ``Driver.on_message`` from this rank."""
+
 
 class Driver:
     """The protocol of every stream of one rank."""
 
-    def __init__(self, rank: int, size: int, host: DriverHost, control_plane: str = "central"):
+    def __init__(self, rank: int, size: int, host: DriverHost, control_plane: str = "central",
+                 defer_activations: bool = False):
         self.rank = rank
         self.size = size
         self.host = host
         # The policy sends and starts rounds through the driver, which holds its host as given
         # (the engine passes a weak proxy: no cycle keeps a stopped engine alive).
-        self.control = make_control(control_plane, rank, size, self._send, self._start_round)
+        self.control = make_control(control_plane, rank, size, self._send, self._start_round,
+                                    self._defer_activation if defer_activations else None)
         self.streams: dict[str, RankStream] = {}
         self.by_id: dict[int, RankStream] = {}
         self._held: dict[str, tuple] = {}  # first posts waiting for registration: (buffers, owned, waiter)
@@ -191,6 +198,13 @@ class Driver:
 
     def _send(self, dest: int, message) -> None:
         self.host.send(dest, message)
+
+    def _defer_activation(self, sid: int, round_number: int) -> None:
+        self.host.defer_activation(sid, round_number)
+
+    def release_message(self, sid: int, round_number: int):
+        """The message that ends the activation delay of ``round_number`` of stream ``sid``."""
+        return self.control.release_message(sid, round_number)
 
     def _start_round(self, sid: int, round_number: int, facts) -> None:
         """The control policy started a round here (with this rank's ``facts``)."""

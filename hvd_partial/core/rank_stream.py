@@ -16,7 +16,7 @@ from .buffer_pool import BufferPool
 from .decentral.facts import FIELDS, lags
 from .fusion import Layout
 from .messages import Flush, FlushBegun, Post, Start
-from .round_result import RoundResult
+from .round_result import RoundResult, any_data
 
 
 @dataclass
@@ -131,7 +131,7 @@ class RankStream:
             self.started += 1
             return None, launch, False
         self.pending.append(PendingPost(self.seq, buffers, computed_for, owned))
-        if self.completed > self.taken and (not self.posts_need_data or _any_data(self.results)):
+        if self.completed > self.taken and (not self.posts_need_data or any_data(self.results)):
             self._deliver(waiter)
             done = True
         else:
@@ -287,7 +287,3 @@ class RankStream:
     @property
     def lag(self) -> int:
         return self.completed - self.taken
-
-
-def _any_data(results) -> bool:
-    return any(r.contributors or r.flush for r in results)

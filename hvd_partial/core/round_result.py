@@ -30,3 +30,8 @@ class RoundResult:
     arrays: list[Any] | None = None
     flush: bool = False
     buffers: list[Any] = field(default=None, repr=False)  # the flat reduced buffers
+
+
+def any_data(results) -> bool:
+    """Whether some round of ``results`` summed somebody's data (or is a flush round, which answers a post)."""
+    return any(r.contributors or r.flush for r in results)

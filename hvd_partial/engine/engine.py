@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 import weakref
+from collections import deque
 
 from ..collectives.negotiator import Negotiator
 from ..config import Config
@@ -69,7 +70,9 @@ class Engine:
         # cycle would keep every shut-down engine (with its buffers) alive
         # until a full garbage collection, which rarely comes.
         me = weakref.proxy(self)
-        self._driver = Driver(self.rank, self.size, me, config.control_plane)
+        self._driver = Driver(self.rank, self.size, me, config.control_plane, config.activation_delay_us > 0)
+        self._activation_delay = config.activation_delay_us / 1e6
+        self._held_floods: deque = deque()  # (deadline, stream id, round): solo floods held back, oldest first
         self._bell = getattr(transport, "doorbell", None)
         self._intake = CommandIntake()
         relays = config.control_plane == "decentral" or self._driver.control.coordinator is not None
@@ -228,6 +231,8 @@ class Engine:
             worked = True
         worked |= self._dispatch.deliver(self._pacing.take_ring())
         worked |= self._reductions.progress()
+        if self._held_floods:
+            worked |= self._release_held_floods()
         worked |= self._helpers.progress()
         self._pacing.unsent = self.transport.progress_sends()
         now = time.monotonic()
@@ -315,6 +320,21 @@ class Engine:
 
     def stream_registered(self, stream: RankStream) -> None:
         self._reductions.add_stream(stream)
+
+    def defer_activation(self, stream_id: int, round_number: int) -> None:
+        # This rank's reduction of the round is in flight meanwhile, so the engine looks again
+        # within Pacing's focus interval.
+        self._held_floods.append((time.perf_counter() + self._activation_delay, stream_id, round_number))
+
+    def _release_held_floods(self) -> bool:
+        held = self._held_floods
+        now = time.perf_counter()
+        released = False
+        while held and held[0][0] <= now:
+            _, sid, round_number = held.popleft()
+            self._driver.on_message(self.rank, self._driver.release_message(sid, round_number))
+            released = True
+        return released
 
     def launch(self, stream: RankStream, launch: Launch) -> None:
         if launch.facts is not None:

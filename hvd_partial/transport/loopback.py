@@ -43,7 +43,7 @@ class LoopbackRank:
     def __init__(self, world: "LoopbackWorld", rank: int):
         self.world = world
         self.rank = rank
-        self.driver = Driver(rank, world.world_size, self, world.control_plane)
+        self.driver = Driver(rank, world.world_size, self, world.control_plane, world.defer_activations)
         self.launches = world.make_queue("launches", rank, rank)  # (stream, launch) joined, not completed here
         self.waiter: Waiter | None = None  # the compute thread's call in progress
         self.taken: dict[str, list[RoundResult]] = {}  # stream -> every result taken, in order
@@ -77,6 +77,10 @@ class LoopbackRank:
     def stream_registered(self, stream: RankStream) -> None:
         pass
 
+    def defer_activation(self, stream_id: int, round_number: int) -> None:
+        # The activation delay ends at some later event: a message to itself, delivered like any other.
+        self.send(self.rank, self.driver.release_message(stream_id, round_number))
+
     def launch(self, stream: RankStream, launch: Launch) -> None:
         self.launches.append((stream, launch))
         if launch.send is not None:
@@ -104,12 +108,15 @@ class LoopbackRank:
 
 class LoopbackWorld:
     """P ranks stepped one event at a time. ``keep_results``: the ranks whose
-    taken results are kept (default all; the simulator keeps rank 0's only)."""
+    taken results are kept (default all; the simulator keeps rank 0's only).
+    ``defer_activations``: solo rounds started in balanced training hold
+    their flood back until a later event (the engine's activation delay)."""
 
     def __init__(self, world_size: int, mode: Mode, op: ReduceOp, max_staleness: int, layout: Layout,
-                 keep_results=None, control_plane: str = "central"):
+                 keep_results=None, control_plane: str = "central", defer_activations: bool = False):
         self.world_size = world_size
         self.control_plane = control_plane
+        self.defer_activations = defer_activations
         self.mode = mode
         self.op = op
         self.layout = layout

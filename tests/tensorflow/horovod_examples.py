@@ -24,8 +24,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -80,20 +78,14 @@ def prepare(source: Path, dest: Path) -> list[str]:
 def run(example: Path, args: list[str], nprocs: int, mode: str, timeout: float) -> dict:
     from hvd_partial.launch import mpiexec_command
 
+    sys.path.insert(0, str(ROOT / "tests"))
+    from mpi_run import run_job
+
     out = tempfile.mkdtemp(prefix="hvdp-example-")
     env = dict(os.environ, HVD_PARTIAL_MODE=mode, HVD_TEST_OUT=out, TF_CPP_MIN_LOG_LEVEL="3",
                TF_ENABLE_ONEDNN_OPTS="0", PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}:{ROOT / 'tests' / 'workers'}")
     cmd = mpiexec_command(nprocs, [sys.executable, str(HARNESS), str(example), *args])
-    # Its own session, so a timeout kills the whole job (mpiexec and every rank).
-    proc = subprocess.Popen(cmd, env=env, cwd=example.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        timed_out = True
+    returncode, stdout, stderr, timed_out = run_job(cmd, env, timeout, cwd=example.parent)
     reports = {}
     for rank in range(nprocs):
         path = Path(out, f"rank{rank}.json")
@@ -104,7 +96,7 @@ def run(example: Path, args: list[str], nprocs: int, mode: str, timeout: float) 
     if timed_out:
         hung = [rank for rank in range(nprocs) if rank not in reports]
         tail = f"timed out after {timeout:.0f} s and was killed; ranks that never reported: {hung}\n" + tail
-    return {"returncode": proc.returncode, "reports": reports, "tail": tail}
+    return {"returncode": returncode, "reports": reports, "tail": tail}
 
 
 def main() -> int:

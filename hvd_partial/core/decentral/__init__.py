@@ -15,8 +15,9 @@ from .agreement import AgreementOutcome, AgreementReport, Agreements
 from .facts import RoundView
 from .gather import Gather
 from .liveness import RingLiveness
-from .messages import Activate, Complete, Failed, Gathered, Heartbeat, Join, PeerFailed, Ready, Rejected, Send
+from .messages import (Activate, Complete, Defer, Failed, Gathered, Heartbeat, Join, PeerFailed, Ready, Rejected,
+                       ReleaseActivation, Send)
 from .stream import DecentralStream
 
-__all__ = ["DecentralStream", "Agreements", "AgreementReport", "AgreementOutcome", "RingLiveness", "RoundView", "Gather", "Activate", "Complete", "Failed", "Gathered",
-           "Heartbeat", "Join", "PeerFailed", "Ready", "Rejected", "Send"]
+__all__ = ["DecentralStream", "Agreements", "AgreementReport", "AgreementOutcome", "RingLiveness", "RoundView", "Gather", "Activate", "Complete", "Defer", "Failed",
+           "Gathered", "Heartbeat", "Join", "PeerFailed", "Ready", "Rejected", "ReleaseActivation", "Send"]

@@ -90,6 +90,23 @@ class Send:
 
 
 @dataclass(frozen=True)
+class Defer:
+    """Action: this rank started ``round`` and holds its activations back.
+    Deliver :class:`ReleaseActivation` of it to this rank once the activation
+    delay has passed; if the round completed here before, it needed none."""
+
+    round: int
+
+
+@dataclass(frozen=True)
+class ReleaseActivation:
+    """A rank's message to itself: the activation delay of ``round`` passed,
+    so its held-back activations go out (those still needed)."""
+
+    round: int
+
+
+@dataclass(frozen=True)
 class Join:
     """Start this rank's part of round ``round``'s reduction: sum
     ``contributions`` (the payloads of this rank's pending posts, possibly

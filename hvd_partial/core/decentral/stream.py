@@ -41,6 +41,16 @@ of round ``c`` as every other rank, and has not yet heard that ``c`` started):
 - Starting a round, or hearing of it first, floods :class:`~.messages.Activate`
   over the hypercube (:mod:`hvd_partial.core.activation`); every rank joins
   each round once, with everything it has posted and not yet contributed.
+- Held-back activation (``defer_activations``, solo): in balanced training
+  (the last round had every rank contributing, nobody is flushing and nothing
+  blocks) every rank posts and starts the round itself, so the flood is pure
+  overhead. A rank whose post starts such a round joins it at once but holds
+  its flood back (:class:`~.messages.Defer`). It floods on
+  :class:`~.messages.ReleaseActivation` (the host's timer) or as soon as an
+  activation of the round reaches it (someone is waiting for it), to the
+  neighbours it has not heard from; it drops the flood if the round completes
+  here first, since a reduction completes only once every rank joined it. A
+  rank that never posts is reached one delay later at most.
 
 Example::
 
@@ -58,10 +68,10 @@ import numpy as np
 from ...errors import EngineError, MismatchError, StreamConflictError
 from ...modes import designated_initiator
 from ..activation import Activation
-from ..round_result import RoundResult
+from ..round_result import RoundResult, any_data
 from .facts import FLUSHING, INITIATED, KNOWN_TAKEN, STALENESS, RoundView, empty_facts, round_facts
 from .gather import Gather, position_in_sorted
-from .messages import Activate, Complete, Gathered, Join, Ready, Rejected, Send
+from .messages import Activate, Complete, Defer, Gathered, Join, Ready, Rejected, ReleaseActivation, Send
 
 
 @dataclass
@@ -98,7 +108,7 @@ class DecentralStream:
 
     def __init__(self, rank: int, world_size: int, kind: str, max_staleness: int, name: str = "stream",
                  seed: int = 0, quorum: int | None = None, signature=None, external_registration: bool = False,
-                 posts_need_data: bool = False):
+                 posts_need_data: bool = False, defer_activations: bool = False):
         if kind not in ("solo", "majority"):
             raise ValueError(f"decentralized rounds are for solo and majority streams, not {kind!r}")
         self.rank = rank
@@ -115,6 +125,12 @@ class DecentralStream:
         # A round nobody contributed to does not answer a post (the framework adapters
         # expect a post's rounds to bring data): the post waits for the next round.
         self.posts_need_data = posts_need_data
+        # Solo rounds of balanced training flood only if someone needs it (module docstring).
+        self.defer_activations = defer_activations and kind == "solo"
+        self.held_back: int | None = None  # the round whose flood this rank holds back
+        self.floods_held = 0  # rounds whose flood was held back here
+        self.floods_dropped = 0  # ... and never needed: the round completed first
+        self._last_full = False  # every rank contributed to the last round completed here
         self.activation = Activation(rank, world_size)
         self.pending: list[_Pending] = []
         self.seq = 0
@@ -143,7 +159,7 @@ class DecentralStream:
         self.seq += 1
         self.pending.append(_Pending(self.seq, self.taken, payload))
         out: list = []
-        if self.completed > self.taken and (not self.posts_need_data or _any_data(self.results)):
+        if self.completed > self.taken and (not self.posts_need_data or any_data(self.results)):
             out.append(Complete("post", self.seq, self._take()))
         else:
             self.waiter = ("post", self.seq)
@@ -179,8 +195,12 @@ class DecentralStream:
             first = not self.activation.heard(msg.round)
             sends = self.activation.receive(msg.round, source)
             if not first:
-                return []  # a duplicate: concurrent initiators, or a neighbour's copy
+                # a duplicate (concurrent initiators, or a neighbour's copy); if this rank holds
+                # the round's flood back, somebody is waiting: flood now
+                return self._release(msg.round) if self.held_back == msg.round else []
             return [Send(n, msg) for n in sends] + [self._join(msg.round, initiated=False)] + self._progress()
+        if isinstance(msg, ReleaseActivation):
+            return self._release(msg.round) if self.held_back == msg.round else []
         if msg.round <= self.activation.latest:
             return []  # that round started already
         held = self.held
@@ -219,6 +239,10 @@ class DecentralStream:
             contributors, staleness, initiator, flush = self.read_facts(facts)
             result = RoundResult(round_number, initiator, contributors, staleness, array=value, flush=flush)
         flush = result.flush
+        if self.held_back == round_number:  # every rank joined: nobody needed the flood
+            self.held_back = None
+            self.floods_dropped += 1
+        self._last_full = len(result.contributors) == self.world_size
         if flush:
             self.flushes_done += 1
             self.last_flush_round = round_number
@@ -245,6 +269,7 @@ class DecentralStream:
         if self.failure is not None:
             return []
         self.failure = error
+        self.held_back = None
         if self.waiter is None:
             return []
         kind, seq = self.waiter
@@ -342,7 +367,10 @@ class DecentralStream:
                 held.told_flushing |= tell_flushing
                 out.append(Send(d, Ready(c, holds=holds, flushing=self.flushing)))
         if self._may_start(held, holds):
-            out += self._start(c, initiated=not view.registration)
+            if self._may_hold_back(held):
+                out += self._hold_back(c)
+            else:
+                out += self._start(c, initiated=not view.registration)
         return out
 
     def _designated(self, round_number: int) -> int:
@@ -395,6 +423,24 @@ class DecentralStream:
         sends = self.activation.start(c)
         return [Send(n, Activate(c)) for n in sends] + [self._join(c, initiated)]
 
+    def _may_hold_back(self, held: _Held) -> bool:
+        """Whether this rank's post starts round ``held.view.round`` in
+        balanced training, where every rank is about to start it too."""
+        view = held.view
+        return (self.defer_activations and self._last_full and held.stale is None and not len(view.blockers)
+                and len(view.training) == self.world_size and not self.flushing)
+
+    def _hold_back(self, c: int) -> list:
+        self.activation.start(c)
+        self.held_back = c
+        self.floods_held += 1
+        return [Defer(c), self._join(c, initiated=True)]
+
+    def _release(self, c: int) -> list:
+        """Flood round ``c``, held back here, to the neighbours not heard from in it."""
+        self.held_back = None
+        return [Send(n, Activate(c)) for n in self.activation.still_to_tell(c)]
+
     def _join(self, r: int, initiated: bool) -> Join:
         if r != self._last_joined + 1:  # pragma: no cover - a protocol bug
             raise EngineError(f"rank {self.rank}: joins round {r} after {self._last_joined}")
@@ -419,7 +465,3 @@ class DecentralStream:
         self.results.clear()
         self.taken = self.completed
         return out
-
-
-def _any_data(results) -> bool:
-    return any(r.contributors or r.flush for r in results)

@@ -1,0 +1,151 @@
+"""Held-back activation of solo rounds (the engine's ``activation_delay_us``),
+on the loopback world: in balanced training no activation is sent at all,
+and a rank that does not post is still reached once the delay ends."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hvd_partial.core.activation import Activation
+from hvd_partial.core.control import StreamMessage
+from hvd_partial.core.decentral import Activate, ReleaseActivation
+from hvd_partial.core.fusion import Layout
+from hvd_partial.modes import Majority, Solo, Sum
+from hvd_partial.transport.loopback import LoopbackWorld
+
+
+def world_of(P, mode=None, held=True):
+    layout = Layout.of([np.zeros(4, dtype=np.int64)])
+    return LoopbackWorld(P, mode or Solo(), Sum, 4, layout, control_plane="decentral", defer_activations=held)
+
+
+def is_release(world, event) -> bool:
+    if event[0] != "deliver":
+        return False
+    src, dest = event[1], event[2]
+    queue = world.inbound[dest][(src, event[3] if len(event) > 3 else 0)]
+    message = queue[0]
+    return isinstance(message, StreamMessage) and isinstance(message.message, ReleaseActivation)
+
+
+def run_without_releases(world):
+    """Deliver every event but the ends of activation delays (the delay is long)."""
+    while True:
+        events = [e for e in world.communication_events() if not is_release(world, e)]
+        if not events:
+            return
+        world.apply(events[0])
+
+
+def count_activations(world) -> list:
+    """Wrap every rank's send: the list fills with (source, dest, round) per activation sent."""
+    sent = []
+    for rank in world.ranks:
+        original = rank.send
+
+        def send(dest, message, original=original, source=rank.rank):
+            if isinstance(message, StreamMessage) and isinstance(message.message, Activate):
+                sent.append((source, dest, message.message.round))
+            original(dest, message)
+
+        rank.send = send
+    return sent
+
+
+def post_all(world, P, value, ranks=None):
+    for j in (range(P) if ranks is None else ranks):
+        world.post(j, [np.full(4, value, dtype=np.int64)])
+
+
+def machine(world, j):
+    return world.ranks[j].driver.control.streams[0]
+
+
+@pytest.mark.parametrize("P", [2, 3, 4, 7, 8])
+def test_balanced_rounds_send_no_activation(P):
+    world = world_of(P)
+    post_all(world, P, 1)  # registration
+    world.run_communication()
+    post_all(world, P, 1)  # round 1: the last round before it (registration) had everyone
+    world.run_communication()
+    sent = count_activations(world)
+    for step in range(5):
+        post_all(world, P, step + 2)
+        run_without_releases(world)
+        assert all(world.idle(j) for j in range(P)), f"step {step}: a post is still waiting"
+    world.run_communication()  # the releases come after their rounds completed: nothing to send
+    assert sent == []
+    for j in range(P):
+        assert machine(world, j).floods_dropped >= 5
+        sums = [int(r.array[0]) for r in world.results(j)]
+        assert sums[-5:] == [P * (s + 2) for s in range(5)]
+
+
+@pytest.mark.parametrize("P", [2, 3, 5, 8])
+@pytest.mark.parametrize("late", [0, -1])
+def test_a_rank_that_does_not_post_is_reached_when_the_delay_ends(P, late):
+    world = world_of(P)
+    post_all(world, P, 1)
+    world.run_communication()
+    post_all(world, P, 1)
+    world.run_communication()
+    late = late % P
+    sent = count_activations(world)
+    posting = [j for j in range(P) if j != late]
+    post_all(world, P, 5, posting)
+    run_without_releases(world)
+    # without the delay's end the round cannot complete: the late rank never joined
+    assert not any(world.idle(j) for j in posting)
+    assert sent == []
+    world.run_communication()  # the delays end: the held floods go out
+    assert all(world.idle(j) for j in posting)
+    assert any(dest == late for _, dest, _ in sent)
+    for j in posting:
+        assert int(world.results(j)[-1].array[0]) == 5 * (P - 1)
+        assert late not in world.results(j)[-1].contributors
+    # the next round follows a round that lacked a rank: its flood is not held back
+    before = machine(world, posting[0]).floods_held
+    post_all(world, P, 1, posting)
+    run_without_releases(world)
+    assert all(world.idle(j) for j in posting)
+    assert machine(world, posting[0]).floods_held == before
+
+
+def test_an_activation_that_arrives_releases_a_held_flood_at_once():
+    P = 4
+    world = world_of(P)
+    post_all(world, P, 1)
+    world.run_communication()
+    post_all(world, P, 1)
+    world.run_communication()
+    sent = count_activations(world)
+    post_all(world, P, 2, [0, 1])  # ranks 0 and 1 hold their floods back
+    assert machine(world, 0).held_back == machine(world, 1).held_back == 2
+    # rank 0's delay ends: it floods to 1 and 2; rank 1, hearing it, floods on to 3 at once
+    world.apply(next(e for e in world.communication_events() if e[:3] == ("deliver", 0, 0) and is_release(world, e)))
+    assert sorted(d for s, d, _ in sent if s == 0) == [1, 2]
+    world.apply(("deliver", 0, 1))
+    assert sorted(d for s, d, _ in sent if s == 1) == [3]  # not back to 0, which it heard from
+    assert machine(world, 1).held_back is None
+    run_without_releases(world)
+    assert world.idle(0) and world.idle(1)
+    assert len(sent) <= 2 * P
+
+
+def test_still_to_tell_skips_neighbours_heard_from():
+    a = Activation(rank=0, world_size=8)
+    assert a.start(0) == [1, 2, 4]
+    assert a.receive(0, 2) == []  # a duplicate: rank 2 knows the round
+    assert a.still_to_tell(0) == [1, 4]
+    assert a.still_to_tell(1) == []  # not the latest round
+
+
+def test_majority_and_the_plain_setting_never_hold_back():
+    P = 4
+    for mode, held in ((Majority(seed=3), True), (Majority(seed=3, quorum=3), True), (Solo(), False)):
+        world = world_of(P, mode, held)
+        for value in (1, 1, 2, 3):
+            post_all(world, P, value)
+            world.run_communication()
+        assert all(machine(world, j).floods_held == 0 for j in range(P))
