@@ -237,7 +237,11 @@ elif case == "many_streams":
             for r in hvd.synchronize(handle):
                 sums[name] += r.array
         time.sleep(0.001 * rank)
-    for name in names:  # flush is collective: the same order everywhere
+    # flush is collective: the same order everywhere. The majority stream goes first: a rank whose
+    # last post missed the last round waits for that round's designated rank, which would otherwise
+    # be blocked in the flush of another stream (a majority round waits for its designated rank's
+    # next post or flush).
+    for name in sorted(names, key=lambda n: not isinstance(modes[names.index(n)], hvd.Majority)):
         for r in hvd.flush(name):
             sums[name] += r.array
     report({"sums": {n: sums[n] for n in names}, "posted": {n: posted[n] for n in names}})
