@@ -88,11 +88,12 @@ class Config:
     #: ranks themselves, O(log P) control messages per rank per round) or
     #: ``central`` (rank 0 decides every round; the earlier design).
     control_plane: str = "decentral"
-    #: Under the ``decentral`` plane, a solo round that this rank's post
-    #: starts in balanced training (every rank contributed to the last round)
-    #: waits this long, in microseconds, before this rank sends its
-    #: activations: if every rank starts the round itself meanwhile, none are
-    #: sent. A late rank is activated this much later. 0: at once.
+    #: Under the ``decentral`` plane, a solo round (or a majority round
+    #: without a quorum) that this rank's post starts in balanced training
+    #: (every rank contributed to the last round) waits this long, in
+    #: microseconds, before this rank sends its activations: if every rank
+    #: joins the round itself meanwhile, none are sent. A late rank is
+    #: activated this much later. 0: at once, and no early joins.
     activation_delay_us: float = 2000.0
 
     def __post_init__(self):

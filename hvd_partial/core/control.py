@@ -16,7 +16,9 @@ Goodbye), ``on_message(source, message)`` (a peer message the driver does not
 handle itself), ``registered(stream)``, ``round_completed(stream, launch,
 result)``, ``shutdown_ready()``, ``fail(error)`` and
 ``decides_completion(stream)`` (whether a completion feeds a decision at this
-rank, for the simulator's cost model). It acts by ``send(dest, message)``
+rank, for the simulator's cost model) and ``awaiting_start(stream_id, round)``
+(whether this rank joined that round before hearing that it started: its
+reduction cannot finish before then, so the host may nap). It acts by ``send(dest, message)``
 (its decisions for its own rank are messages to itself) and, for the
 decentralized policy, ``start(stream_id, round, facts)``.
 
@@ -70,6 +72,11 @@ class CentralControl:
     def decides_completion(self, stream) -> bool:
         """Whether this rank's completion of a round of ``stream`` feeds a decision."""
         return self.coordinator is not None and not stream.sync
+
+    def awaiting_start(self, sid: int, round_number: int) -> bool:
+        """Whether this rank joined ``round_number`` of stream ``sid`` before
+        hearing that it started (never: rank 0 starts every round)."""
+        return False
 
     def registered(self, stream) -> None:
         """``stream`` got its id here and holds this rank's first post."""
@@ -181,6 +188,10 @@ class DecentralControl:
 
     def decides_completion(self, stream) -> bool:
         return False
+
+    def awaiting_start(self, sid: int, round_number: int) -> bool:
+        machine = self.streams.get(sid)
+        return machine is not None and machine.awaiting_start == round_number
 
     @staticmethod
     def release_message(sid: int, round_number: int) -> StreamMessage:

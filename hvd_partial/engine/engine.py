@@ -77,7 +77,7 @@ class Engine:
         self._intake = CommandIntake()
         relays = config.control_plane == "decentral" or self._driver.control.coordinator is not None
         self._pacing = Pacing(config, self._bell, self.size, relays,
-                              self._intake.queue)
+                              self._intake.queue, self._driver.control.awaiting_start)
         self._intake.poke = self._pacing.poke
         self._reductions = Reductions(transport, self.rank, config.reduce_poll_us, self._driver.complete)
         # Negotiated helper collectives: submit(request), progress() each step, busy.

@@ -35,10 +35,14 @@ class Pacing:
     """Sleep and wake-up of one engine thread.
 
     ``commands`` is the command queue (non-empty: a compute thread queued one).
+    ``awaiting_start(stream_id, round)`` says whether this rank joined a round
+    before hearing that it started (a majority round joined early).
     """
 
-    def __init__(self, config, bell, size: int, relays_activations: bool, commands):
+    def __init__(self, config, bell, size: int, relays_activations: bool, commands, awaiting_start=None):
         self._bell = bell
+        # awaiting_start(stream id, round): this rank joined the round before it started
+        self._awaiting_start = awaiting_start
         self._bell_covers_all = bell is not None and bell.reachable == size - 1
         self._bell_poll = config.doorbell_poll_ms / 1000.0
         self._nap_max = config.idle_poll_ms / 1000.0
@@ -92,6 +96,14 @@ class Pacing:
         self._idle += 1
         idle = self._idle
         if reductions.in_flight:
+            if (oldest_wait is not None and self._awaiting_start is not None
+                    and time.perf_counter() - oldest_wait >= _START_PATIENCE_SECONDS
+                    and reductions.only_awaiting_start(self._awaiting_start)):
+                # Joined early, and the designated rank is late: nothing can finish before it
+                # joins, and its flood (at once, or after its activation delay) rings this rank.
+                # Nap like a post waiting for its round; each step tests the reductions.
+                self.nap_while_waiting(oldest_wait)
+                return
             # A reduction progresses only inside MPI calls: stay in them
             # and look at the rest now and then.
             reductions.poll(time.perf_counter() + _FOCUS_SECONDS, self._commands)

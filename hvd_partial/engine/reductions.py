@@ -72,6 +72,13 @@ class Reductions:
     def in_flight(self) -> bool:
         return any(self._rounds.values())
 
+    def only_awaiting_start(self, awaiting: Callable[[int, int], bool]) -> bool:
+        """Whether every stream's oldest round in flight is one this rank
+        joined before it started (``awaiting(stream id, round)``), so that
+        none can finish before a peer's activation comes."""
+        heads = [(sid, q[0].launch.round) for sid, q in self._rounds.items() if q]
+        return bool(heads) and all(awaiting(sid, r) for sid, r in heads)
+
     def progress(self) -> bool:
         """Start what can start, complete what finished; True if anything did."""
         worked = False

@@ -334,16 +334,19 @@ def test_many_streams_in_flight_in_different_orders(nprocs):
             assert res.results[r]["sums"][name] == total, f"rank {r}, {name}: lost or doubled data"
 
 
-def test_engine_of_a_waiting_post_naps_and_still_wakes_at_once():
+@pytest.mark.parametrize("delay_us", [0, 2000])
+def test_engine_of_a_waiting_post_naps_and_still_wakes_at_once(delay_us):
     """Ranks whose majority post waits 1 s for the designated rank use
-    little CPU (their engines nap once the wait passes 1 ms; yielding
+    little CPU (their engines nap once the wait passes 3 ms; yielding
     instead took a quarter of a core and slowed computing ranks by half
     on 2 cores), yet return as soon as that rank posts: the round's
-    start rings their doorbells."""
-    res = run_mpi("engine_cases.py", 3, "waiting_cpu")
+    start rings their doorbells. With the activation delay on, they joined
+    the round early and their engines nap with its reduction in flight."""
+    res = run_mpi("engine_cases.py", 3, "waiting_cpu", env={"HVD_PARTIAL_ACTIVATION_DELAY_US": str(delay_us)})
     for rank in (0, 1):
         rep = res.results[rank]
-        assert (rep["round"], rep["initiator"]) == (1, 2), rep
+        assert (rep["round"], rep["initiator"], rep["contributors"]) == (1, 2, [0, 1, 2]), rep
+        assert rep["joined_early"] == (1 if delay_us else 0), rep
         assert rep["cpu_fraction"] < 0.1, f"rank {rank}: its waiting engine used {rep['cpu_fraction']:.0%} of a core"
         assert rep["waited"] < 1.3, f"rank {rank}: returned {rep['waited'] - 1.0:.2f} s after the round could start"
 

@@ -30,6 +30,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "tests" / "workers" / "tf_horovod_example.py"
+if str(ROOT / "tests") not in sys.path:  # run as a script: the shared job runner lives in tests/
+    sys.path.insert(0, str(ROOT / "tests"))
+from mpi_run import run_job  # noqa: E402
 
 #: (pattern, replacement, why)
 EDITS = [
@@ -77,9 +80,6 @@ def prepare(source: Path, dest: Path) -> list[str]:
 
 def run(example: Path, args: list[str], nprocs: int, mode: str, timeout: float) -> dict:
     from hvd_partial.launch import mpiexec_command
-
-    sys.path.insert(0, str(ROOT / "tests"))
-    from mpi_run import run_job
 
     out = tempfile.mkdtemp(prefix="hvdp-example-")
     env = dict(os.environ, HVD_PARTIAL_MODE=mode, HVD_TEST_OUT=out, TF_CPP_MIN_LOG_LEVEL="3",

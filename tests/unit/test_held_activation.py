@@ -1,13 +1,14 @@
-"""Held-back activation of solo rounds (the engine's ``activation_delay_us``),
-on the loopback world: in balanced training no activation is sent at all,
-and a rank that does not post is still reached once the delay ends."""
+"""Held-back activation (the engine's ``activation_delay_us``) of solo rounds
+and of majority rounds without a quorum, on the loopback world: in balanced
+training no activation is sent at all, and a rank that does not post is
+still reached once the delay ends."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hvd_partial.core.activation import Activation
+from hvd_partial.core.activation import Activation, hypercube_distance
 from hvd_partial.core.control import StreamMessage
 from hvd_partial.core.decentral import Activate, ReleaseActivation
 from hvd_partial.core.fusion import Layout
@@ -141,11 +142,89 @@ def test_still_to_tell_skips_neighbours_heard_from():
     assert a.still_to_tell(1) == []  # not the latest round
 
 
-def test_majority_and_the_plain_setting_never_hold_back():
+def test_a_quorum_and_the_plain_setting_never_hold_back():
     P = 4
-    for mode, held in ((Majority(seed=3), True), (Majority(seed=3, quorum=3), True), (Solo(), False)):
+    for mode, held in ((Majority(seed=3, quorum=3), True), (Solo(), False), (Majority(seed=3), False)):
         world = world_of(P, mode, held)
         for value in (1, 1, 2, 3):
             post_all(world, P, value)
             world.run_communication()
         assert all(machine(world, j).floods_held == 0 for j in range(P))
+        assert all(machine(world, j).joined_early == 0 for j in range(P))
+
+
+def balanced_majority_world(P, seed=3):
+    mode = Majority(seed=seed)
+    world = world_of(P, mode)
+    post_all(world, P, 1)  # registration
+    world.run_communication()
+    post_all(world, P, 1)  # round 1: the last round before it (registration) had everyone
+    world.run_communication()
+    return world, mode
+
+
+@pytest.mark.parametrize("P", [2, 3, 4, 7, 8])
+def test_balanced_majority_rounds_send_no_activation(P):
+    world, mode = balanced_majority_world(P)
+    sent = count_activations(world)
+    for step in range(5):
+        post_all(world, P, step + 2)
+        run_without_releases(world)
+        assert all(world.idle(j) for j in range(P)), f"step {step}: a post is still waiting"
+    world.run_communication()
+    assert sent == []
+    for j in range(P):
+        results = world.results(j)[-5:]
+        assert [int(r.array[0]) for r in results] == [P * (s + 2) for s in range(5)]
+        assert all(r.initiator == mode.initiator("stream", r.round, P) for r in results)
+        assert all(r.contributors == list(range(P)) for r in results)
+    # each round: its designated rank held its flood back and dropped it, every other rank joined early
+    assert sum(machine(world, j).floods_dropped for j in range(P)) >= 5
+    assert sum(machine(world, j).joined_early for j in range(P)) >= 5 * (P - 1)
+    assert all(machine(world, j).awaiting_start is None for j in range(P))
+
+
+@pytest.mark.parametrize("P", [2, 3, 4, 8])
+def test_early_joiners_wait_for_the_designated_rank(P):
+    world, mode = balanced_majority_world(P)
+    sent = count_activations(world)
+    c = machine(world, 0).completed
+    d = mode.initiator("stream", c, P)
+    others = [j for j in range(P) if j != d]
+    post_all(world, P, 2, others)
+    world.run_communication()
+    # joined, yet the round cannot complete without the designated rank's post
+    assert not any(world.idle(j) for j in others)
+    assert all(machine(world, j).awaiting_start == c for j in others)
+    post_all(world, P, 3, [d])
+    run_without_releases(world)
+    assert all(world.idle(j) for j in range(P))
+    assert sent == []
+    res = world.results(0)[-1]
+    assert (res.round, res.initiator, res.contributors) == (c, d, list(range(P)))
+    assert int(res.array[0]) == 2 * (P - 1) + 3
+    assert all(machine(world, j).awaiting_start is None for j in range(P))
+
+
+@pytest.mark.parametrize("P", [2, 3, 5, 8])
+def test_majority_rank_that_does_not_post_is_reached_through_early_joiners(P):
+    world, mode = balanced_majority_world(P)
+    c = machine(world, 0).completed
+    d = mode.initiator("stream", c, P)
+    others = [j for j in range(P) if j != d]
+    late = max(others, key=lambda j: hypercube_distance(j, d))  # the flood must pass early joiners
+    posting = [j for j in range(P) if j != late]
+    sent = count_activations(world)
+    post_all(world, P, 5, posting)
+    run_without_releases(world)
+    assert not any(world.idle(j) for j in posting)
+    assert sent == []
+    world.run_communication()  # the designated rank's delay ends: its flood reaches the late rank
+    assert all(world.idle(j) for j in posting)
+    assert any(dest == late for _, dest, _ in sent)
+    for j in posting:
+        res = world.results(j)[-1]
+        assert int(res.array[0]) == 5 * (P - 1) and late not in res.contributors and res.initiator == d
+    # no rank sent the round to more neighbours than it has
+    for j in range(P):
+        assert len([1 for s, _, r in sent if s == j and r == c]) <= len(machine(world, j).activation.neighbours)

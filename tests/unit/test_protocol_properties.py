@@ -195,6 +195,31 @@ def test_solo_eagerness_is_checked_over_many_schedules(plane):
     assert checks > 50  # the quiescent-wait check ran often enough to mean something
 
 
+def test_held_back_paths_run_in_random_schedules():
+    """The "decentral+held" plane is more than "decentral" under another name:
+    over random schedules of near-equal speeds, floods are held back and
+    dropped (solo, and majority's designated ranks) and majority's other
+    ranks join early, and every invariant still holds."""
+    counts = {"solo": [0, 0, 0], "majority": [0, 0, 0]}
+    for seed in range(200):
+        rng = random.Random(seed)
+        P = rng.randint(2, 6)
+        mode = Solo() if seed % 2 else Majority(seed=seed % 5)
+        tau = rng.randint(1, 3)
+        world, total, owner, _ = run_schedule(P, mode, tau, [rng.randint(3, 8) for _ in range(P)], seed,
+                                              [rng.randint(6, 8) for _ in range(P)], plane="decentral+held")
+        check_invariants(world, total, owner, tau, mode)
+        for rank in world.ranks:
+            machine = rank.driver.control.streams[0]
+            tally = counts[mode.kind]
+            tally[0] += machine.floods_held
+            tally[1] += machine.floods_dropped
+            tally[2] += machine.joined_early
+    solo, majority = counts["solo"], counts["majority"]
+    assert solo[0] > 100 and solo[1] > 10 and solo[2] == 0, counts
+    assert majority[0] > 50 and majority[1] > 10 and majority[2] > 50, counts
+
+
 @planes
 def test_solo_fast_rank_does_not_wait_for_slow_one(plane):
     """Rank 1 never computes; rank 0 keeps going until it is tau rounds ahead."""

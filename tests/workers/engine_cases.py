@@ -241,7 +241,8 @@ elif case == "many_streams":
     # last post missed the last round waits for that round's designated rank, which would otherwise
     # be blocked in the flush of another stream (a majority round waits for its designated rank's
     # next post or flush).
-    for name in sorted(names, key=lambda n: not isinstance(modes[names.index(n)], hvd.Majority)):
+    for i in sorted(range(len(names)), key=lambda i: not isinstance(modes[i], hvd.Majority)):
+        name = names[i]
         for r in hvd.flush(name):
             sums[name] += r.array
     report({"sums": {n: sums[n] for n in names}, "posted": {n: posted[n] for n in names}})
@@ -561,8 +562,11 @@ elif case == "waiting_cpu":
     if rank == last:
         time.sleep(1.0)  # "computing"; round 1 starts when this rank posts
     rounds = hvd.partial_allreduce(np.ones(4), "m", mode=mode)
+    engine = hvd.session.current().engine
+    machine = engine._driver.control.streams[local_stream("m").id]
     report({"cpu_fraction": (time.process_time() - cpu0) / (time.monotonic() - wall0),
-            "waited": time.monotonic() - wall0, "round": rounds[-1].round, "initiator": rounds[-1].initiator})
+            "waited": time.monotonic() - wall0, "round": rounds[-1].round, "initiator": rounds[-1].initiator,
+            "joined_early": machine.joined_early, "contributors": rounds[-1].contributors})
     hvd.flush("m")
     hvd.shutdown()
 

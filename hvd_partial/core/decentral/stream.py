@@ -41,16 +41,24 @@ of round ``c`` as every other rank, and has not yet heard that ``c`` started):
 - Starting a round, or hearing of it first, floods :class:`~.messages.Activate`
   over the hypercube (:mod:`hvd_partial.core.activation`); every rank joins
   each round once, with everything it has posted and not yet contributed.
-- Held-back activation (``defer_activations``, solo): in balanced training
-  (the last round had every rank contributing, nobody is flushing and nothing
-  blocks) every rank posts and starts the round itself, so the flood is pure
-  overhead. A rank whose post starts such a round joins it at once but holds
-  its flood back (:class:`~.messages.Defer`). It floods on
+- Held-back activation (``defer_activations``): in balanced training (the
+  last round had every rank contributing, nobody is flushing and nothing
+  blocks) every rank posts at about the same time, so the flood is pure
+  overhead. In solo, a rank whose post starts such a round joins it at once
+  but holds its flood back (:class:`~.messages.Defer`). It floods on
   :class:`~.messages.ReleaseActivation` (the host's timer) or as soon as an
   activation of the round reaches it (someone is waiting for it), to the
   neighbours it has not heard from; it drops the flood if the round completes
   here first, since a reduction completes only once every rank joined it. A
   rank that never posts is reached one delay later at most.
+  Majority without a quorum does the same at the designated initiator, and
+  every other rank whose post waits for such a round joins it early: the
+  designated start is certain (its post, its flush or the world's failure),
+  so the early joiner's data is where the activation would have put it. An
+  early joiner sends nothing until an activation of the round reaches it
+  (which can only come from the designated rank's flood), then floods on like
+  a held-back starter; ``awaiting_start`` names its round meanwhile, so that
+  the host may nap instead of polling a reduction that cannot finish yet.
 
 Example::
 
@@ -125,11 +133,15 @@ class DecentralStream:
         # A round nobody contributed to does not answer a post (the framework adapters
         # expect a post's rounds to bring data): the post waits for the next round.
         self.posts_need_data = posts_need_data
-        # Solo rounds of balanced training flood only if someone needs it (module docstring).
-        self.defer_activations = defer_activations and kind == "solo"
+        # Rounds of balanced training flood only if someone needs it (module docstring); a
+        # quorum needs its notices, so majority holds back only without one.
+        self.defer_activations = defer_activations and (kind == "solo" or quorum is None)
         self.held_back: int | None = None  # the round whose flood this rank holds back
-        self.floods_held = 0  # rounds whose flood was held back here
+        self.floods_held = 0  # rounds whose flood was held back here (on the host's timer)
         self.floods_dropped = 0  # ... and never needed: the round completed first
+        # Majority: the round this rank joined before hearing of its designated start.
+        self.awaiting_start: int | None = None
+        self.joined_early = 0  # rounds joined so, before their start was heard
         self._last_full = False  # every rank contributed to the last round completed here
         self.activation = Activation(rank, world_size)
         self.pending: list[_Pending] = []
@@ -241,7 +253,10 @@ class DecentralStream:
         flush = result.flush
         if self.held_back == round_number:  # every rank joined: nobody needed the flood
             self.held_back = None
-            self.floods_dropped += 1
+            if self.awaiting_start == round_number:
+                self.awaiting_start = None
+            else:
+                self.floods_dropped += 1
         self._last_full = len(result.contributors) == self.world_size
         if flush:
             self.flushes_done += 1
@@ -269,7 +284,7 @@ class DecentralStream:
         if self.failure is not None:
             return []
         self.failure = error
-        self.held_back = None
+        self.held_back = self.awaiting_start = None
         if self.waiter is None:
             return []
         kind, seq = self.waiter
@@ -371,6 +386,9 @@ class DecentralStream:
                 out += self._hold_back(c)
             else:
                 out += self._start(c, initiated=not view.registration)
+        elif d is not None and d != self.rank and holds and self._may_hold_back(held) and (
+                self.waiter is not None and self.waiter[0] == "post"):
+            out += self._join_early(c)
         return out
 
     def _designated(self, round_number: int) -> int:
@@ -427,7 +445,9 @@ class DecentralStream:
         """Whether this rank's post starts round ``held.view.round`` in
         balanced training, where every rank is about to start it too."""
         view = held.view
-        return (self.defer_activations and self._last_full and held.stale is None and not len(view.blockers)
+        # (majority's staleness gather is always there, of the designated rank alone without blockers)
+        return (self.defer_activations and self._last_full and not len(view.blockers)
+                and (held.stale is None or self.kind == "majority")
                 and len(view.training) == self.world_size and not self.flushing)
 
     def _hold_back(self, c: int) -> list:
@@ -436,9 +456,19 @@ class DecentralStream:
         self.floods_held += 1
         return [Defer(c), self._join(c, initiated=True)]
 
+    def _join_early(self, c: int) -> list:
+        """Majority: join round ``c`` before its designated rank starts it (see
+        the module docstring); flood only once an activation of it arrives."""
+        self.activation.start(c)
+        self.held_back = self.awaiting_start = c
+        self.joined_early += 1
+        return [self._join(c, initiated=False)]
+
     def _release(self, c: int) -> list:
         """Flood round ``c``, held back here, to the neighbours not heard from in it."""
         self.held_back = None
+        if self.awaiting_start == c:  # the activation came: the designated rank started it
+            self.awaiting_start = None
         return [Send(n, Activate(c)) for n in self.activation.still_to_tell(c)]
 
     def _join(self, r: int, initiated: bool) -> Join:
