@@ -1,0 +1,104 @@
+"""Balanced training, every method in one launch: rounds per second of sync,
+solo and majority on the demo's MLP with no injected delay.
+
+Each method keeps its own model and ``DistributedOptimizer`` for the whole
+launch; the launch runs ``--blocks`` blocks, each training every method for
+``--epochs`` epochs of ``--steps`` steps (a flush after each epoch, as a
+training loop would), in an order rotated from block to block. A block's
+rounds per second is its rounds over the slowest rank's wall time; each
+method's figure is the median over the blocks, so that the machine's drift
+hits every method alike. It also prints, per rank, how many rounds each
+stream held its activation flood back, dropped it, or joined before its
+start was heard (docs/control-plane.md, "Held-back activation").
+
+    mpiexec -n 4 python benchmarks/balanced_modes.py
+    HVD_PARTIAL_ACTIVATION_DELAY_US=0 mpiexec -n 4 python benchmarks/balanced_modes.py --blocks 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from pytorch_straggler import Shard, load_data, make_model  # noqa: E402
+
+import hvd_partial.torch as hvd  # noqa: E402
+from hvd_partial import session  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--methods", default="sync,solo,majority")
+    parser.add_argument("--blocks", type=int, default=8)
+    parser.add_argument("--epochs", type=int, default=3, help="epochs per method per block")
+    parser.add_argument("--steps", type=int, default=23, help="steps per epoch (a flush after each)")
+    parser.add_argument("--batch", type=int, default=16)
+    return parser.parse_args(argv)
+
+
+def make_mode(name: str):
+    return {"sync": hvd.Sync(), "solo": hvd.Solo(), "majority": hvd.Majority(seed=1)}[name]
+
+
+def stream_counts() -> dict:
+    """This rank's held, dropped and early-joined rounds per decentralized stream."""
+    control = session.current().engine._driver.control
+    return {machine.name: (machine.floods_held, machine.floods_dropped, machine.joined_early, machine.completed)
+            for machine in getattr(control, "streams", {}).values()}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    x_train, y_train, _, _ = load_data(0)
+    methods = args.methods.split(",")
+    trainers = {}
+    for name in methods:
+        model = make_model(0)
+        base = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        trainers[name] = (model, hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                                          mode=make_mode(name), name=f"balanced.{name}"))
+    shard = Shard(x_train, y_train, rank, size, args.batch, 0)
+    rates = {name: [] for name in methods}
+    for block in range(args.blocks):
+        shift = block % len(methods)
+        for name in methods[shift:] + methods[:shift]:
+            model, optimizer = trainers[name]
+            hvd.barrier()
+            rounds_before, start = optimizer.rounds, time.perf_counter()
+            for _ in range(args.epochs):
+                for _ in range(args.steps):
+                    xb, yb = shard.next()
+                    optimizer.zero_grad()
+                    torch.nn.functional.cross_entropy(model(xb), yb).backward()
+                    optimizer.step()
+                optimizer.flush()
+            seconds = max(hvd.allgather_object(time.perf_counter() - start))
+            rates[name].append((optimizer.rounds - rounds_before) / seconds)
+    counts = hvd.allgather_object(stream_counts())
+    if rank == 0:
+        print(f"{size} ranks, {args.blocks} blocks of {args.epochs} epochs x {args.steps} steps per method, "
+              f"activation_delay_us={session.current().config.activation_delay_us:g}")
+        first = statistics.median(rates[methods[0]])
+        print(f"{'method':<10} {'rounds/s':>9} {'ratio':>6}  per block")
+        for name in methods:
+            median = statistics.median(rates[name])
+            print(f"{name:<10} {median:9.1f} {median / first:6.3f}  " + " ".join(f"{r:.0f}" for r in rates[name]))
+        print("held / dropped / joined early / rounds, per rank:")
+        for stream in counts[0]:
+            print(f"  {stream}: " + ", ".join("%d/%d/%d/%d" % per_rank[stream] for per_rank in counts))
+    for _, optimizer in trainers.values():
+        optimizer.close()
+    hvd.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
