@@ -23,6 +23,8 @@ import tensorflow as tf
 import hvd_partial as _core
 from ..collectives.process_sets import (ProcessSet, add_process_set, check_process_set,  # noqa: F401
                                         global_process_set, remove_process_set)
+from ..build_flags import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,  # noqa: F401
+                           mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
 from ..errors import ConfigError
 from ..modes import ReduceOp
 
@@ -161,59 +163,7 @@ def process_set_included_op(process_set_id: int = 0, name=None):
     return tf.constant(1, dtype=tf.int32, name=name)
 
 
-# -- what this build has ------------------------------------------------------------------
-
-def mpi_threads_supported() -> bool:
-    """True if MPI granted ``MPI_THREAD_MULTIPLE``."""
-    from mpi4py import MPI
-
-    return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
-
-
-def mpi_enabled() -> bool:
-    """True: hvd_partial always runs on MPI."""
-    return True
-
-
-def mpi_built() -> bool:
-    """True: hvd_partial always runs on MPI."""
-    return True
-
-
-def gloo_enabled() -> bool:
-    """False: hvd_partial has no Gloo controller."""
-    return False
-
-
-def gloo_built() -> bool:
-    """False: hvd_partial has no Gloo controller."""
-    return False
-
-
-def nccl_built() -> bool:
-    """False: reductions run on the CPU through MPI."""
-    return False
-
-
-def ddl_built() -> bool:
-    """False."""
-    return False
-
-
-def ccl_built() -> bool:
-    """False."""
-    return False
-
-
-def cuda_built() -> bool:
-    """False: hvd_partial's reductions run on the CPU."""
-    return False
-
-
-def rocm_built() -> bool:
-    """False."""
-    return False
-
+# -- the timeline ---------------------------------------------------------------------------
 
 def start_timeline(file_path, mark_cycles: bool = False):
     """Not supported at run time: the timeline is chosen at ``init``

@@ -1,9 +1,6 @@
-"""Horovod's process queries and build flags, for ``hvd_partial.torch``.
-
-hvd_partial runs over MPI (mpi4py) only: ``mpi_built()`` and ``mpi_enabled()``
-are True, the other backends' flags False. CUDA tensors work through host
-staging, not through a CUDA-built core, so ``cuda_built()`` and
-``nccl_built()`` are False as well.
+"""Horovod's process queries and build flags, for ``hvd_partial.torch``
+(the flags are every adapter's, from :mod:`hvd_partial.build_flags`: MPI
+only; CUDA tensors work through host staging, not a CUDA-built core).
 
 Example::
 
@@ -17,56 +14,10 @@ Example::
 from __future__ import annotations
 
 from .. import api, session
+from ..build_flags import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,  # noqa: F401
+                           mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
 from ..collectives.functions import run_on_engine
 from ..errors import ConfigError
-
-
-def mpi_built() -> bool:
-    """True: hvd_partial always runs over MPI."""
-    return True
-
-
-def mpi_enabled() -> bool:
-    """True: MPI is the (only) controller and data path."""
-    return True
-
-
-def mpi_threads_supported() -> bool:
-    """True when MPI granted ``MPI_THREAD_MULTIPLE`` (so your own threads may call MPI too)."""
-    transport = session.require().transport
-    from mpi4py import MPI
-
-    return transport.thread_level >= MPI.THREAD_MULTIPLE
-
-
-def gloo_built() -> bool:
-    return False
-
-
-def gloo_enabled() -> bool:
-    return False
-
-
-def nccl_built() -> bool:
-    """False: reductions run on the host (CUDA tensors are staged through pinned buffers)."""
-    return False
-
-
-def ddl_built() -> bool:
-    return False
-
-
-def ccl_built() -> bool:
-    return False
-
-
-def cuda_built() -> bool:
-    """False: the core is not built against CUDA (CUDA tensors are still accepted)."""
-    return False
-
-
-def rocm_built() -> bool:
-    return False
 
 
 def cross_size() -> int:
