@@ -31,7 +31,10 @@ by message:
   or majority round's bytes include the facts every rank sends with its data;
 - a rank whose post returned starts its next step at once, which takes its
   compute time plus ``step_overhead_s``; a rank done with its steps flushes,
-  as in :func:`~hvd_partial.sim.replay.replay`.
+  as in :func:`~hvd_partial.sim.replay.replay`;
+- with ``activation_delay_s`` (decentralized plane), a flood held back in
+  balanced training is released that long after it was held, as the
+  engine's ``activation_delay_us`` does (docs/control-plane.md).
 
 With ``NetworkModel.free()`` every cost is zero and the result equals
 ``replay`` exactly (same rounds, same finishing times), which the tests check.
@@ -58,6 +61,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..core.control import StreamMessage
+from ..core.decentral.messages import ReleaseActivation
 from ..core.fusion import Layout
 from ..core.decentral.agreement import AgreementOutcome, AgreementReport
 from ..core.messages import Closed, Flush, FlushBegun, Goodbye, Post, Register, Registered, Rejected
@@ -206,7 +211,8 @@ class ClusterSimulator:
 
     def __init__(self, world_size: int, mode: Mode, max_staleness: int, steps: int | Sequence[int],
                  compute_seconds: Callable[[int, int], float], network: NetworkModel | None = None,
-                 nbytes: int = 4, deadline_s: float | None = None, control_plane: str = "central"):
+                 nbytes: int = 4, deadline_s: float | None = None, control_plane: str = "central",
+                 activation_delay_s: float = 0.0):
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if control_plane not in CONTROL_PLANES:
@@ -224,8 +230,11 @@ class ClusterSimulator:
         tau = 0 if mode.kind == "sync" else max_staleness
         # The reduction runs over a one-element buffer; its cost is the model's
         # for ``nbytes``. Only rank 0's results are kept (all would cost O(P^2) memory).
+        if activation_delay_s < 0:
+            raise ValueError(f"activation_delay_s must be >= 0, got {activation_delay_s}")
+        self.activation_delay = float(activation_delay_s)
         self.world = _TimedWorld(self, world_size, mode, Sum, tau, Layout.of([np.zeros(1)]), keep_results=(0,),
-                                 control_plane=control_plane)
+                                 control_plane=control_plane, defer_activations=self.activation_delay > 0)
         self.heap: list = []
         self.seq = 0
         self.now = 0.0
@@ -276,6 +285,8 @@ class ClusterSimulator:
         if queue.kind == _DONE:
             return self.now  # a launch: the rank joins the round now
         if queue.src == queue.rank:
+            if type(item) is StreamMessage and type(item.message) is ReleaseActivation:
+                return (self.now if self._send_clock is None else self._send_clock) + self.activation_delay
             if queue.lane or self._server != queue.src:
                 return self.now
             return self._send_clock  # the serving engine hands it over locally
@@ -514,14 +525,17 @@ class ClusterSimulator:
 
 def simulate(world_size: int, mode: Mode, max_staleness: int, steps: int | Sequence[int],
              compute_seconds: Callable[[int, int], float], network: NetworkModel | None = None,
-             nbytes: int = 4, deadline_s: float | None = None, control_plane: str = "central") -> SimResult:
+             nbytes: int = 4, deadline_s: float | None = None, control_plane: str = "central",
+             activation_delay_s: float = 0.0) -> SimResult:
     """Simulate ``steps`` posts per rank (an int, or one count per rank) of a
     stream of ``nbytes`` bytes; rank ``j``'s compute at its step ``s`` takes
     ``compute_seconds(j, s)``. With ``deadline_s``, a rank whose post returns
     at or after that time stops training (a time budget instead of a step
     count). ``control_plane``: ``"central"`` (rank 0's coordinator) or
-    ``"decentral"`` (no coordinator; see the module docstring).
-    Deterministic: the same arguments give the same result.
+    ``"decentral"`` (no coordinator; see the module docstring);
+    ``activation_delay_s``: the decentralized plane's activation delay (0:
+    floods go out at once, no early joins). Deterministic: the same
+    arguments give the same result.
 
     Example::
 
@@ -530,4 +544,4 @@ def simulate(world_size: int, mode: Mode, max_staleness: int, steps: int | Seque
         r.rounds_per_second, r.posts_per_second
     """
     return ClusterSimulator(world_size, mode, max_staleness, steps, compute_seconds, network, nbytes,
-                            deadline_s, control_plane).run()
+                            deadline_s, control_plane, activation_delay_s).run()

@@ -109,8 +109,9 @@ class LoopbackRank:
 class LoopbackWorld:
     """P ranks stepped one event at a time. ``keep_results``: the ranks whose
     taken results are kept (default all; the simulator keeps rank 0's only).
-    ``defer_activations``: solo rounds started in balanced training hold
-    their flood back until a later event (the engine's activation delay)."""
+    ``defer_activations``: solo rounds, and majority rounds without a quorum,
+    started in balanced training hold their flood back until a later event
+    (the engine's activation delay), and majority's other ranks join early."""
 
     def __init__(self, world_size: int, mode: Mode, op: ReduceOp, max_staleness: int, layout: Layout,
                  keep_results=None, control_plane: str = "central", defer_activations: bool = False):
