@@ -98,6 +98,17 @@ def _reduction_input(array, op, prescale, what) -> np.ndarray:
     return scale(send, prescale) if prescale != 1.0 else send
 
 
+def _one_reduction(array, op, prescale_factor, postscale_factor, what):
+    """What allreduce and reducescatter send for ``array``: the wire buffer,
+    the signature all ranks must agree on, and the function that makes the result."""
+    pre, post = _factor(prescale_factor, "prescale_factor"), _factor(postscale_factor, "postscale_factor")
+    send = _reduction_input(array, op, pre, what)
+    size, dtype = api.size(), array.dtype
+    signature = (("dtype", dtype.str), ("shape", tuple(array.shape)), ("op", op.value), ("wire_op", wire_op(op)),
+                 ("prescale_factor", pre), ("postscale_factor", post), ("process_set", 0))
+    return send, signature, lambda recv: finish_reduction(recv, op, size, post, dtype)
+
+
 # ===== allreduce ==========================================================================
 
 def allreduce_async(array, name: str | None = None, op: ReduceOp = Average, prescale_factor: float = 1.0,
@@ -113,13 +124,8 @@ def allreduce_async(array, name: str | None = None, op: ReduceOp = Average, pres
     array = _array(array, what)
     op = check_op(op, what)
     check_process_set(process_set, what)
-    pre, post = _factor(prescale_factor, "prescale_factor"), _factor(postscale_factor, "postscale_factor")
-    send = _reduction_input(array, op, pre, what)
-    size, dtype = api.size(), array.dtype
-    signature = (("dtype", dtype.str), ("shape", tuple(array.shape)), ("op", op.value), ("wire_op", wire_op(op)),
-                 ("prescale_factor", pre), ("postscale_factor", post), ("process_set", 0))
-    return _submit(kinds.ALLREDUCE, name, signature, None, [send],
-                   finish=lambda recv: finish_reduction(recv, op, size, post, dtype))
+    send, signature, finish = _one_reduction(array, op, prescale_factor, postscale_factor, what)
+    return _submit(kinds.ALLREDUCE, name, signature, None, [send], finish=finish)
 
 
 def allreduce(array, name: str | None = None, op: ReduceOp = Average, prescale_factor: float = 1.0,
@@ -290,13 +296,8 @@ def reducescatter_async(array, name: str | None = None, op: ReduceOp = Average, 
     check_process_set(process_set, what)
     if array.ndim == 0:
         raise UnsupportedInputError(f"{what}: needs an array of at least one dimension, got a scalar")
-    pre, post = _factor(prescale_factor, "prescale_factor"), _factor(postscale_factor, "postscale_factor")
-    send = _reduction_input(array, op, pre, what)
-    size, dtype = api.size(), array.dtype
-    signature = (("dtype", dtype.str), ("shape", tuple(array.shape)), ("op", op.value), ("wire_op", wire_op(op)),
-                 ("prescale_factor", pre), ("postscale_factor", post), ("process_set", 0))
-    return _submit(kinds.REDUCESCATTER, name, signature, None, [send],
-                   finish=lambda recv: finish_reduction(recv, op, size, post, dtype))
+    send, signature, finish = _one_reduction(array, op, prescale_factor, postscale_factor, what)
+    return _submit(kinds.REDUCESCATTER, name, signature, None, [send], finish=finish)
 
 
 def reducescatter(array, name: str | None = None, op: ReduceOp = Average, process_set=global_process_set,

@@ -58,16 +58,21 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         if postscale_factor != 1.0:
             values = values * tf.cast(postscale_factor, values.dtype)
         return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
+    return _scaled_reduction(tensor, compression, prescale_factor, postscale_factor,
+                             lambda value: numpy_ops.allreduce(value, op, name), "hvd_partial_allreduce",
+                             lambda shape: shape)
+
+
+def _scaled_reduction(tensor, compression, prescale_factor, postscale_factor, reduce, label, result_shape):
+    """Compress and prescale ``tensor``, reduce it on the engine with
+    ``reduce(array)``, then postscale and decompress the result, whose static
+    shape is ``result_shape(wire shape)`` (allreduce and reducescatter)."""
     tensor = tf.convert_to_tensor(tensor)
     wire, context = compression.compress(tensor)
     if prescale_factor != 1.0:
         wire = wire * tf.cast(prescale_factor, wire.dtype)
-
-    def run(value):
-        return numpy_ops.allreduce(np.ascontiguousarray(value), op, name)
-
-    out = _run(run, [wire], wire.dtype, "hvd_partial_allreduce")
-    out.set_shape(wire.shape)
+    out = _run(lambda value: reduce(np.ascontiguousarray(value)), [wire], wire.dtype, label)
+    out.set_shape(result_shape(wire.shape))
     if postscale_factor != 1.0:
         out = out * tf.cast(postscale_factor, out.dtype)
     return compression.decompress(out, context)
@@ -154,19 +159,9 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=_cor
     require_default("reducescatter", device_dense=(device_dense, ""))
     require_global(process_set, "reducescatter")
     op = resolve_op(op, None, "reducescatter")
-    tensor = tf.convert_to_tensor(tensor)
-    wire, context = compression.compress(tensor)
-    if prescale_factor != 1.0:
-        wire = wire * tf.cast(prescale_factor, wire.dtype)
-
-    def run(value):
-        return numpy_ops.reducescatter(np.ascontiguousarray(value), op, name)
-
-    out = _run(run, [wire], wire.dtype, "hvd_partial_reducescatter")
-    out.set_shape(tf.TensorShape([None]).concatenate(wire.shape[1:]) if wire.shape.rank else None)
-    if postscale_factor != 1.0:
-        out = out * tf.cast(postscale_factor, out.dtype)
-    return compression.decompress(out, context)
+    return _scaled_reduction(tensor, compression, prescale_factor, postscale_factor,
+                             lambda value: numpy_ops.reducescatter(value, op, name), "hvd_partial_reducescatter",
+                             lambda shape: tf.TensorShape([None]).concatenate(shape[1:]) if shape.rank else None)
 
 
 def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=_core.Average,
