@@ -283,9 +283,16 @@ def _post(engine: Engine, arrays, name, mode, op, max_staleness, grouped: bool) 
             if a.dtype.kind != "f":
                 raise UnsupportedInputError(
                     f"op=Average needs floating-point arrays; stream {name!r} has {a.dtype.name} (use op=Sum)")
-    layout = Layout.of(arrays, current.config.fusion_threshold_bytes if grouped else None)
-    signature = StreamSignature(layout.described, grouped, mode.describe(), op.value, tau)
+    bucket_bytes = current.config.fusion_threshold_bytes if grouped else None
+    shapes = tuple((a.shape, a.dtype) for a in arrays)
     with current.lock:
+        cached = current.layouts.get(name)
+        if cached is not None and cached[0] == shapes and cached[1].bucket_bytes == bucket_bytes:
+            layout = cached[1]
+        else:
+            layout = Layout.of(arrays, bucket_bytes)
+            current.layouts[name] = (shapes, layout)
+        signature = StreamSignature(layout.described, grouped, mode.describe(), op.value, tau)
         known = current.signatures.get(name)
         if known is None:
             current.signatures[name] = (signature, engine.rank)

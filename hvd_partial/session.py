@@ -34,6 +34,9 @@ class Session:
     - ``signatures``: per stream name, the settings of its first post on this
       rank and the rank (a later post with other settings is refused locally).
     - ``pack_pools``: per grouped stream, the buffers its fused posts are packed into.
+    - ``layouts``: per stream name, the shapes and dtypes of its last post and
+      their :class:`~hvd_partial.core.fusion.Layout` (reused while they match:
+      a layout derives its buckets and offsets once).
     - ``adapters``: state of the framework adapters, by adapter name.
     """
 
@@ -42,6 +45,7 @@ class Session:
     config: Config
     signatures: dict = field(default_factory=dict)
     pack_pools: dict = field(default_factory=dict)
+    layouts: dict = field(default_factory=dict)
     adapters: dict[str, Any] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 

@@ -256,6 +256,8 @@ def test_local_misuse_raises_specific_errors():
     for rep in res.results.values():
         assert "StreamConflictError" in rep["reshape"] and "layout" in rep["reshape"]
         assert "StreamConflictError" in rep["remode"] and "mode" in rep["remode"]
+        assert rep["same_sum"] == [2.0] * 3 and rep["layout_reused"], rep
+        assert "StreamConflictError" in rep["reshape_again"] and rep["layout_replaced"], rep
         assert "C-contiguous" in rep["noncontig"]
         assert "complex64" in rep["dtype"] and "bool" in rep["bool"]
         assert "numpy.ndarray" in rep["list"]

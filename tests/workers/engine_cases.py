@@ -155,6 +155,15 @@ elif case == "local_misuse":
             MPI.COMM_WORLD.recv(source=turn, tag=78)
             hvd.partial_allreduce(np.ones(4), "dbl", mode=hvd.Sync())
     out["flush_unknown"] = expect(hvd.StreamConflictError, hvd.flush, "never-posted")
+    # A stream's layout is derived once and reused while its posts keep their shapes; after the
+    # refused reshape above, a post of the first shape still goes through.
+    layouts = hvd.session.current().layouts
+    hvd.partial_allreduce(np.ones(3), "same", mode=hvd.Sync(), op=hvd.Sum)
+    first = layouts["same"][1]
+    out["same_sum"] = hvd.partial_allreduce(np.ones(3), "same", mode=hvd.Sync(), op=hvd.Sum)[0].array.tolist()
+    out["layout_reused"] = layouts["same"][1] is first
+    out["reshape_again"] = expect(hvd.StreamConflictError, hvd.partial_allreduce, np.ones(2), "same", mode=hvd.Sync())
+    out["layout_replaced"] = layouts["same"][1] is not first
     hvd.flush("grads")
     report(out)
     hvd.shutdown()
