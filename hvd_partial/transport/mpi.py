@@ -63,6 +63,32 @@ _SESSION_SLOTS = 8
 _sessions_begun = 0  # in this process; agreed across ranks at each init
 
 
+# The control and helper communicators outlive a session: per user communicator, made by the
+# first init() and reused by later ones (told apart by the tag). Freeing them with a message
+# still unreceived (a flood's late copy) lets MPI give their context to the next session's
+# duplicate while that message is on its way, and Open MPI can then lose a message of the new
+# session (sessions_back_to_back hung under Open MPI about one launch in ten).
+_KEPT_COMMS: dict[int, tuple] = {}  # handle of the user communicator -> (it, control, helpers)
+
+
+def _session_comms(comm):
+    """``(control, helpers)`` for ``comm``: the kept ones if every rank still has them
+    for this very communicator, else new duplicates (collective either way)."""
+    key = MPI._handleof(comm)
+    kept = _KEPT_COMMS.get(key)
+    usable = False
+    if kept is not None:  # the handle may now be another communicator: compare the members
+        ours, theirs = kept[1].Get_group(), comm.Get_group()
+        usable = MPI.Group.Compare(ours, theirs) == MPI.IDENT
+        ours.Free()
+        theirs.Free()
+    if comm.allreduce(1 if usable else 0, op=MPI.MIN) == 1:
+        return kept[1], kept[2]
+    control, helpers = comm.Dup(), comm.Dup()
+    _KEPT_COMMS[key] = (comm, control, helpers)
+    return control, helpers
+
+
 def _agree_on_session(comm) -> int:
     """The number of this init() among the ranks (all agree; collective)."""
     global _sessions_begun
@@ -90,9 +116,8 @@ class MpiTransport:
         self.user_comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        self.control = comm.Dup()
+        self.control, self.helpers = _session_comms(comm)
         self.tag_base = _TAG_BASE + (_agree_on_session(self.control) % _SESSION_SLOTS) * _TAG_SPAN
-        self.helpers = comm.Dup()
         self.factory = comm.Dup()
         node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank = node.Get_rank()
@@ -191,7 +216,7 @@ class MpiTransport:
         if self.doorbell is not None:
             self.doorbell.close()
         self.retain_unfinished_sends()
-        for comm in (self.control, self.helpers, self.factory):
+        for comm in (self.factory,):  # control and helpers are kept for the next session
             try:
                 comm.Free()
             except MPI.Exception:  # pragma: no cover - freeing after a failure
