@@ -7,9 +7,11 @@ launch; the launch runs ``--blocks`` blocks, each training every method for
 training loop would), in an order rotated from block to block. A block's
 rounds per second is its rounds over the slowest rank's wall time; each
 method's figure is the median over the blocks, so that the machine's drift
-hits every method alike. It also prints, per rank, how many rounds each
-stream held its activation flood back, dropped it, or joined before its
-start was heard (docs/control-plane.md, "Held-back activation").
+hits every method alike. It also prints each method's time in ``flush()`` per
+epoch and its engine thread's CPU time per round (medians over the blocks, of
+the slowest rank), and, per rank, how many rounds each stream held its
+activation flood back, dropped it, joined before its start was heard, or
+joined at a flush (docs/control-plane.md, "Held-back activation").
 
     mpiexec -n 4 python benchmarks/balanced_modes.py
     HVD_PARTIAL_ACTIVATION_DELAY_US=0 mpiexec -n 4 python benchmarks/balanced_modes.py --blocks 8
@@ -47,10 +49,22 @@ def make_mode(name: str):
 
 
 def stream_counts() -> dict:
-    """This rank's held, dropped and early-joined rounds per decentralized stream."""
+    """This rank's held, dropped, early-joined and flush-joined rounds per decentralized stream."""
     control = session.current().engine._driver.control
-    return {machine.name: (machine.floods_held, machine.floods_dropped, machine.joined_early, machine.completed)
+    return {machine.name: (machine.floods_held, machine.floods_dropped, machine.joined_early,
+                           getattr(machine, "joined_at_flush", 0), machine.completed)
             for machine in getattr(control, "streams", {}).values()}
+
+
+def engine_cpu_seconds() -> float:
+    """CPU time of this process's engine thread so far (Linux; 0 elsewhere)."""
+    tid = session.current().engine._thread.native_id
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def main(argv=None) -> int:
@@ -67,33 +81,43 @@ def main(argv=None) -> int:
                                                           mode=make_mode(name), name=f"balanced.{name}"))
     shard = Shard(x_train, y_train, rank, size, args.batch, 0)
     rates = {name: [] for name in methods}
+    flush_ms = {name: [] for name in methods}  # per epoch, per block
+    engine_us = {name: [] for name in methods}  # engine thread CPU per round, per block
     for block in range(args.blocks):
         shift = block % len(methods)
         for name in methods[shift:] + methods[:shift]:
             model, optimizer = trainers[name]
             hvd.barrier()
-            rounds_before, start = optimizer.rounds, time.perf_counter()
+            rounds_before, start, cpu_before = optimizer.rounds, time.perf_counter(), engine_cpu_seconds()
+            flushing = 0.0
             for _ in range(args.epochs):
                 for _ in range(args.steps):
                     xb, yb = shard.next()
                     optimizer.zero_grad()
                     torch.nn.functional.cross_entropy(model(xb), yb).backward()
                     optimizer.step()
+                flush_start = time.perf_counter()
                 optimizer.flush()
-            seconds = max(hvd.allgather_object(time.perf_counter() - start))
-            rates[name].append((optimizer.rounds - rounds_before) / seconds)
+                flushing += time.perf_counter() - flush_start
+            rounds = optimizer.rounds - rounds_before
+            seconds, flushing, cpu = (max(v) for v in zip(*hvd.allgather_object(
+                (time.perf_counter() - start, flushing, engine_cpu_seconds() - cpu_before))))
+            rates[name].append(rounds / seconds)
+            flush_ms[name].append(flushing / args.epochs * 1e3)
+            engine_us[name].append(cpu / max(rounds, 1) * 1e6)
     counts = hvd.allgather_object(stream_counts())
     if rank == 0:
         print(f"{size} ranks, {args.blocks} blocks of {args.epochs} epochs x {args.steps} steps per method, "
               f"activation_delay_us={session.current().config.activation_delay_us:g}")
         first = statistics.median(rates[methods[0]])
-        print(f"{'method':<10} {'rounds/s':>9} {'ratio':>6}  per block")
+        print(f"{'method':<10} {'rounds/s':>9} {'ratio':>6} {'flush ms':>9} {'engine us/round':>16}  per block")
         for name in methods:
             median = statistics.median(rates[name])
-            print(f"{name:<10} {median:9.1f} {median / first:6.3f}  " + " ".join(f"{r:.0f}" for r in rates[name]))
-        print("held / dropped / joined early / rounds, per rank:")
+            print(f"{name:<10} {median:9.1f} {median / first:6.3f} {statistics.median(flush_ms[name]):9.2f} "
+                  f"{statistics.median(engine_us[name]):16.0f}  " + " ".join(f"{r:.0f}" for r in rates[name]))
+        print("held / dropped / joined early / joined at a flush / rounds, per rank:")
         for stream in counts[0]:
-            print(f"  {stream}: " + ", ".join("%d/%d/%d/%d" % per_rank[stream] for per_rank in counts))
+            print(f"  {stream}: " + ", ".join("%d/%d/%d/%d/%d" % per_rank[stream] for per_rank in counts))
     for _, optimizer in trainers.values():
         optimizer.close()
     hvd.shutdown()

@@ -228,3 +228,77 @@ def test_majority_rank_that_does_not_post_is_reached_through_early_joiners(P):
     # no rank sent the round to more neighbours than it has
     for j in range(P):
         assert len([1 for s, _, r in sent if s == j and r == c]) <= len(machine(world, j).activation.neighbours)
+
+
+def count_messages(world) -> list:
+    """Wrap every rank's send: the list fills with every stream message sent to
+    another rank (not the host timer's ends of activation delays)."""
+    sent = []
+    for rank in world.ranks:
+        original = rank.send
+
+        def send(dest, message, original=original, source=rank.rank):
+            if isinstance(message, StreamMessage) and dest != source:
+                sent.append(message.message)
+            original(dest, message)
+
+        rank.send = send
+    return sent
+
+
+def balanced_world(P, mode):
+    world = world_of(P, mode)
+    for value in (1, 1, 2):  # registration, then rounds that every rank joined
+        post_all(world, P, value)
+        world.run_communication()
+    return world
+
+
+@pytest.mark.parametrize("mode", [Solo(), Majority(seed=3)], ids=["solo", "majority"])
+@pytest.mark.parametrize("P", [2, 3, 4, 7, 8])
+def test_a_balanced_flush_is_one_round_and_sends_nothing(P, mode):
+    world = balanced_world(P, mode)
+    sent = count_messages(world)
+    c = machine(world, 0).completed
+    for j in range(P):
+        world.flush(j)
+    run_without_releases(world)
+    assert all(world.idle(j) for j in range(P)), "a flush still waits"
+    world.run_communication()
+    assert sent == []  # no gather, no activation
+    for j in range(P):
+        last = world.results(j)[-1]
+        assert (last.round, last.flush, last.contributors) == (c, True, [])
+        assert machine(world, j).completed == c + 1
+    # training goes on, still balanced, after the flush round
+    post_all(world, P, 4)
+    run_without_releases(world)
+    assert all(world.idle(j) for j in range(P))
+    assert [int(world.results(j)[-1].array[0]) for j in range(P)] == [4 * P] * P
+
+
+@pytest.mark.parametrize("mode", [Solo(), Majority(seed=3)], ids=["solo", "majority"])
+@pytest.mark.parametrize("P", [2, 3, 5, 8])
+@pytest.mark.parametrize("trainer", [0, -1])
+def test_a_rank_still_training_at_a_balanced_flush_loses_nothing(P, mode, trainer):
+    world = balanced_world(P, mode)
+    trainer %= P
+    flushers = [j for j in range(P) if j != trainer]
+    c = machine(world, 0).completed
+    for j in flushers:
+        world.flush(j)
+    world.run_communication()  # delays end: any held flood reaches the trainer, which joins with nothing
+    assert not any(world.idle(j) for j in flushers)
+    world.post(trainer, [np.full(4, 7, dtype=np.int64)])
+    world.run_communication()
+    world.flush(trainer)
+    world.run_communication()
+    assert all(world.idle(j) for j in range(P))
+    results = [world.results(j) for j in range(P)]
+    for j in range(P):  # every rank took the same rounds
+        assert [(r.round, r.flush, r.contributors, int(r.array[0])) for r in results[j]] == \
+               [(r.round, r.flush, r.contributors, int(r.array[0])) for r in results[0]]
+    since = [r for r in results[0] if r.round >= c]
+    assert since[-1].flush and not any(r.flush for r in since[:-1])
+    assert sum(int(r.array[0]) for r in since) == 7  # the trainer's post, exactly once
+    assert len(since) <= 3  # at most one round with nobody's data besides the trainer's and the flush round

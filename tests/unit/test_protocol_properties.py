@@ -198,9 +198,10 @@ def test_solo_eagerness_is_checked_over_many_schedules(plane):
 def test_held_back_paths_run_in_random_schedules():
     """The "decentral+held" plane is more than "decentral" under another name:
     over random schedules of near-equal speeds, floods are held back and
-    dropped (solo, and majority's designated ranks) and majority's other
-    ranks join early, and every invariant still holds."""
-    counts = {"solo": [0, 0, 0], "majority": [0, 0, 0]}
+    dropped (solo, and majority's designated ranks), majority's other
+    ranks join early, ranks that flush in balanced training join the round
+    without the flush gather, and every invariant still holds."""
+    counts = {"solo": [0, 0, 0, 0], "majority": [0, 0, 0, 0]}
     for seed in range(200):
         rng = random.Random(seed)
         P = rng.randint(2, 6)
@@ -215,9 +216,10 @@ def test_held_back_paths_run_in_random_schedules():
             tally[0] += machine.floods_held
             tally[1] += machine.floods_dropped
             tally[2] += machine.joined_early
+            tally[3] += machine.joined_at_flush
     solo, majority = counts["solo"], counts["majority"]
-    assert solo[0] > 100 and solo[1] > 10 and solo[2] == 0, counts
-    assert majority[0] > 50 and majority[1] > 10 and majority[2] > 50, counts
+    assert solo[0] > 100 and solo[1] > 10 and solo[2] == 0 and solo[3] > 20, counts
+    assert majority[0] > 50 and majority[1] > 10 and majority[2] > 50 and majority[3] > 20, counts
 
 
 @planes

@@ -37,7 +37,11 @@ of round ``c`` as every other rank, and has not yet heard that ``c`` started):
   the lowest of them, which then starts round ``c``. A round that every rank
   joined flushing, in the same flush (the facts carry which), is the flush
   round: its reduced facts say so on every rank alike, so all agree on it
-  whoever started it, and it sums every pending post.
+  whoever started it, and it sums every pending post. In balanced training
+  (see held-back activation below) there is no gather: a flushing rank joins
+  round ``c`` at once, as a held-back starter (solo) or an early joiner
+  (majority); if someone still trains, ``c`` is no flush round and the next
+  round, which is not balanced, gathers as usual.
 - Starting a round, or hearing of it first, floods :class:`~.messages.Activate`
   over the hypercube (:mod:`hvd_partial.core.activation`); every rank joins
   each round once, with everything it has posted and not yet contributed.
@@ -142,6 +146,7 @@ class DecentralStream:
         # Majority: the round this rank joined before hearing of its designated start.
         self.awaiting_start: int | None = None
         self.joined_early = 0  # rounds joined so, before their start was heard
+        self.joined_at_flush = 0  # balanced rounds joined at a flush, without the flush gather
         self._last_full = False  # every rank contributed to the last round completed here
         self.activation = Activation(rank, world_size)
         self.pending: list[_Pending] = []
@@ -359,9 +364,11 @@ class DecentralStream:
         out: list = []
         if held.stale is not None and not held.stale.ready:
             held.stale.ready = holds if view.registration else (holds or self.flushing)
+        balanced = self._may_hold_back(held)
         if held.flush is not None and not held.flush.ready:
             held.flush.ready = self.flushing
-        for gather in (held.stale, held.flush):
+        # In balanced training every flushing rank joins round c itself: no flush gather.
+        for gather in (held.stale, None if balanced else held.flush):
             if gather is not None and not gather.reported and gather.complete():
                 gather.reported = True
                 if gather.is_root:
@@ -382,13 +389,17 @@ class DecentralStream:
                 held.told_flushing |= tell_flushing
                 out.append(Send(d, Ready(c, holds=holds, flushing=self.flushing)))
         if self._may_start(held, holds):
-            if self._may_hold_back(held):
+            if balanced:
                 out += self._hold_back(c)
             else:
                 out += self._start(c, initiated=not view.registration)
-        elif d is not None and d != self.rank and holds and self._may_hold_back(held) and (
-                self.waiter is not None and self.waiter[0] == "post"):
+        elif d is not None and d != self.rank and self.waiter is not None and balanced and (
+                (holds and self.waiter[0] == "post") or self.flushing):
             out += self._join_early(c)
+        else:
+            return out
+        if self.flushing and balanced:
+            self.joined_at_flush += 1
         return out
 
     def _designated(self, round_number: int) -> int:
@@ -417,7 +428,9 @@ class DecentralStream:
             return True  # every rank is flushing: this is the flush round
         if self.kind == "solo":
             if held.stale is None and not len(view.blockers):
-                return self.waiter is not None and self.waiter[0] == "post"
+                # a waiting post starts it; so does a flush in balanced training, where every
+                # rank flushes at about the same time (the round is the flush round if all do)
+                return self.waiter is not None and (self.waiter[0] == "post" or self._may_hold_back(held))
             return stale_done
         d = held.designated
         if d != self.rank:
@@ -442,13 +455,14 @@ class DecentralStream:
         return [Send(n, Activate(c)) for n in sends] + [self._join(c, initiated)]
 
     def _may_hold_back(self, held: _Held) -> bool:
-        """Whether this rank's post starts round ``held.view.round`` in
-        balanced training, where every rank is about to start it too."""
+        """Whether round ``held.view.round`` comes in balanced training, where
+        every rank is about to start or join it too, at a post or a flush.
+        Only local state beyond the view: every rank decides alike."""
         view = held.view
         # (majority's staleness gather is always there, of the designated rank alone without blockers)
         return (self.defer_activations and self._last_full and not len(view.blockers)
                 and (held.stale is None or self.kind == "majority")
-                and len(view.training) == self.world_size and not self.flushing)
+                and len(view.training) == self.world_size)
 
     def _hold_back(self, c: int) -> list:
         self.activation.start(c)
