@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -82,6 +83,7 @@ def run_mpi(worker: str, nprocs: int, *args, timeout: float = 90, env: dict | No
         phase = Path(out_dir, f"rank{rank}.phase")
         if phase.exists():
             result.phases[rank] = phase.read_text()
+    shutil.rmtree(out_dir, ignore_errors=True)  # everything is read: leave nothing in TMPDIR
     if timed_out:
         hung = [r for r in range(nprocs) if r not in result.results]
         detail = ", ".join(f"rank {r} (last phase: {result.phases.get(r, 'never started')})" for r in hung)

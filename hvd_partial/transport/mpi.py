@@ -68,7 +68,7 @@ _sessions_begun = 0  # in this process; agreed across ranks at each init
 # still unreceived (a flood's late copy) lets MPI give their context to the next session's
 # duplicate while that message is on its way, and Open MPI can then lose a message of the new
 # session (sessions_back_to_back hung under Open MPI about one launch in ten).
-_KEPT_COMMS: dict[int, tuple] = {}  # handle of the user communicator -> (it, control, helpers)
+_KEPT_COMMS: dict[int, tuple] = {}  # handle of the user communicator -> (control, helpers)
 
 
 def _session_comms(comm):
@@ -78,14 +78,14 @@ def _session_comms(comm):
     kept = _KEPT_COMMS.get(key)
     usable = False
     if kept is not None:  # the handle may now be another communicator: compare the members
-        ours, theirs = kept[1].Get_group(), comm.Get_group()
+        ours, theirs = kept[0].Get_group(), comm.Get_group()
         usable = MPI.Group.Compare(ours, theirs) == MPI.IDENT
         ours.Free()
         theirs.Free()
     if comm.allreduce(1 if usable else 0, op=MPI.MIN) == 1:
-        return kept[1], kept[2]
+        return kept
     control, helpers = comm.Dup(), comm.Dup()
-    _KEPT_COMMS[key] = (comm, control, helpers)
+    _KEPT_COMMS[key] = (control, helpers)
     return control, helpers
 
 
@@ -216,8 +216,7 @@ class MpiTransport:
         if self.doorbell is not None:
             self.doorbell.close()
         self.retain_unfinished_sends()
-        for comm in (self.factory,):  # control and helpers are kept for the next session
-            try:
-                comm.Free()
-            except MPI.Exception:  # pragma: no cover - freeing after a failure
-                pass
+        try:  # only the factory: control and helpers are kept for the next session
+            self.factory.Free()
+        except MPI.Exception:  # pragma: no cover - freeing after a failure
+            pass
