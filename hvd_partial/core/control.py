@@ -194,9 +194,10 @@ class DecentralControl:
         return machine is not None and machine.awaiting_start == round_number
 
     @staticmethod
-    def release_message(sid: int, round_number: int) -> StreamMessage:
-        """What the host hands this rank's driver when the activation delay of ``round_number`` passed."""
-        return StreamMessage(sid, ReleaseActivation(round_number))
+    def release_message(sid: int, round_number: int, everyone_joined: bool = False) -> StreamMessage:
+        """What the host hands this rank's driver when the activation delay of
+        ``round_number`` passed (``everyone_joined``: its facts are reduced)."""
+        return StreamMessage(sid, ReleaseActivation(round_number, everyone_joined))
 
     def round_completed(self, stream, launch, result=None) -> None:
         machine = self.streams.get(stream.id)

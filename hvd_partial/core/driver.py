@@ -55,8 +55,10 @@ class DriverHost(Protocol):
 
     def defer_activation(self, stream_id: int, round_number: int) -> None:
         """Only where the driver was made with ``defer_activations``: after the
-        activation delay, hand ``Driver.release_message(stream_id, round_number)``
-        to ``Driver.on_message`` from this rank."""
+        activation delay, hand ``Driver.release_message(stream_id, round_number,
+        everyone_joined)`` to ``Driver.on_message`` from this rank, with
+        ``everyone_joined`` true if the host knows that every rank joined the
+        round (its facts' reduction completed)."""
 
 
 class Driver:
@@ -202,9 +204,11 @@ class Driver:
     def _defer_activation(self, sid: int, round_number: int) -> None:
         self.host.defer_activation(sid, round_number)
 
-    def release_message(self, sid: int, round_number: int):
-        """The message that ends the activation delay of ``round_number`` of stream ``sid``."""
-        return self.control.release_message(sid, round_number)
+    def release_message(self, sid: int, round_number: int, everyone_joined: bool = False):
+        """The message that ends the activation delay of ``round_number`` of
+        stream ``sid``; ``everyone_joined``: the host knows that every rank
+        joined the round (its facts' reduction completed), so the flood is dropped."""
+        return self.control.release_message(sid, round_number, everyone_joined)
 
     def _start_round(self, sid: int, round_number: int, facts) -> None:
         """The control policy started a round here (with this rank's ``facts``)."""

@@ -332,7 +332,8 @@ class Engine:
         released = False
         while held and held[0][0] <= now:
             _, sid, round_number = held.popleft()
-            self._driver.on_message(self.rank, self._driver.release_message(sid, round_number))
+            joined = self._reductions.everyone_joined(sid, round_number)
+            self._driver.on_message(self.rank, self._driver.release_message(sid, round_number, joined))
             released = True
         return released
 

@@ -24,14 +24,16 @@ _PATIENCE_SECONDS = 1e-3
 
 
 class RoundEntry:
-    """A launched round: its receive buffers and MPI requests once started."""
+    """A launched round: its receive buffers and MPI requests once started
+    (the facts' request, of a solo or majority round, is also kept apart)."""
 
-    __slots__ = ("launch", "recv", "requests", "started")
+    __slots__ = ("launch", "recv", "requests", "facts_request", "started")
 
     def __init__(self, launch: Launch):
         self.launch = launch
         self.recv = None
         self.requests = None
+        self.facts_request = None
         self.started = 0.0
 
 
@@ -76,8 +78,19 @@ class Reductions:
         """Whether every stream's oldest round in flight is one this rank
         joined before it started (``awaiting(stream id, round)``), so that
         none can finish before a peer's activation comes."""
-        heads = [(sid, q[0].launch.round) for sid, q in self._rounds.items() if q]
-        return bool(heads) and all(awaiting(sid, r) for sid, r in heads)
+        heads = [(sid, q[0]) for sid, q in self._rounds.items() if q]
+        # once the facts are reduced every rank joined: the data needs this rank in MPI
+        return bool(heads) and all(awaiting(sid, e.launch.round) and not (
+            e.facts_request is not None and self.transport.done([e.facts_request])) for sid, e in heads)
+
+    def everyone_joined(self, sid: int, round_number: int) -> bool:
+        """Whether every rank has joined round ``round_number`` of stream
+        ``sid``, still in flight here: its facts' reduction completed, and an
+        allreduce completes only once every rank started it."""
+        for entry in self._rounds.get(sid, ()):
+            if entry.launch.round == round_number:
+                return entry.facts_request is not None and self.transport.done([entry.facts_request])
+        return False
 
     def progress(self) -> bool:
         """Start what can start, complete what finished; True if anything did."""
@@ -182,6 +195,13 @@ class Reductions:
                 # is the stream's own is a local fact. An owned buffer becomes
                 # the result; the caller's arrays (and shared zeros) are copied
                 # into a pooled one first, as MPI would copy into a receive buffer.
-                entry.recv = [s if mine else pool.copy_of(s) for s, mine in zip(launch.send, launch.owned)]
-                entry.requests = [self.transport.iallreduce_in_place(comm, r) for r in entry.recv]
+                entry.recv = recv = [s if mine else pool.copy_of(s) for s, mine in zip(launch.send, launch.owned)]
+                start = self.transport.iallreduce_in_place
+                if launch.with_facts:
+                    # The facts (small) go first, so that their completion soon tells that
+                    # every rank joined, however long the data takes (see everyone_joined).
+                    entry.facts_request = start(comm, recv[-1])
+                    entry.requests = [start(comm, r) for r in recv[:-1]] + [entry.facts_request]
+                else:
+                    entry.requests = [start(comm, r) for r in recv]
                 entry.started = time.perf_counter()

@@ -34,7 +34,9 @@ by message:
   as in :func:`~hvd_partial.sim.replay.replay`;
 - with ``activation_delay_s`` (decentralized plane), a flood held back in
   balanced training is released that long after it was held, as the
-  engine's ``activation_delay_us`` does (docs/control-plane.md).
+  engine's ``activation_delay_us`` does (docs/control-plane.md), and dropped
+  instead if the round's facts were reduced by then (every rank joined):
+  they cost a reduction of the facts alone from the last join.
 
 With ``NetworkModel.free()`` every cost is zero and the result equals
 ``replay`` exactly (same rounds, same finishing times), which the tests check.
@@ -172,6 +174,11 @@ class _TimedWorld(LoopbackWorld):
     def make_queue(self, kind: str, src: int, dest: int, lane: int = 0) -> deque:
         return _TimedDeque(self._sim, _DELIVER if kind == "channel" else _DONE, src, dest, lane)
 
+    def everyone_joined(self, name: str, round_number: int) -> bool:
+        # as the engine learns it: the round's facts, reduced first, have completed by now
+        done = self._sim.facts_done.get((name, round_number))
+        return done is not None and done <= self._sim.now
+
 
 CONTROL_PLANES = ("central", "decentral")
 # the reports the coordinator decides on (its decision code walks every rank)
@@ -258,6 +265,7 @@ class ClusterSimulator:
         # reductions: per round, joins so far and the last join time; when each finished
         self.joins: dict = {}
         self.round_done: dict = {}
+        self.facts_done: dict = {}  # (stream, round) -> when its facts' reduction completed
         self.last_reduce_done = 0.0
         self._reduce_cost: dict[int, float] = {}  # by bytes of facts carried with the data
         # what a message costs, by the per-rank entries it carries (the coordinator's: as its round start)
@@ -319,12 +327,22 @@ class ClusterSimulator:
             self.joins[key] = (count, last)
             return
         self.joins.pop(key, None)
+        if launch.with_facts:
+            self.facts_done[key] = last + self._facts_seconds(launch)
         start = max(last, self.last_reduce_done)
         self.round_done[key] = self.last_reduce_done = start + self._reduce_seconds(launch)
         for rank in self.world.ranks:
             q = rank.launches
             if q and not q.scheduled and (q[0][0].name, q[0][1].round) == key:
                 self._schedule_front(q)
+
+    def _facts_seconds(self, launch) -> float:
+        # the facts alone, started first by every rank at its join
+        nbytes = launch.send[-1].nbytes
+        cost = self._reduce_cost.get(-nbytes)
+        if cost is None:
+            cost = self._reduce_cost[-nbytes] = self.net.reduce_seconds(self.P, nbytes)
+        return cost
 
     def _reduce_seconds(self, launch) -> float:
         # a solo/majority round carries every rank's facts in its last buffer, with the data

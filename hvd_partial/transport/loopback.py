@@ -26,6 +26,8 @@ from collections import deque
 
 import numpy as np
 
+from ..core.control import StreamMessage
+from ..core.decentral.messages import ReleaseActivation
 from ..core.driver import Driver
 from ..core.fusion import Layout
 from ..core.messages import StreamSignature
@@ -233,6 +235,20 @@ class LoopbackWorld:
                 out.append(("notice", j))
         return out
 
+    def _release(self, j: int, message: StreamMessage) -> StreamMessage:
+        """The end of rank j's activation delay, telling (as the engine learns
+        from the round's facts) whether every rank joined the round by now."""
+        stream = self.ranks[j].driver.by_id.get(message.stream)
+        r = message.message.round
+        if stream is None or not self.everyone_joined(stream.name, r):
+            return message
+        return self.ranks[j].driver.release_message(message.stream, r, everyone_joined=True)
+
+    def everyone_joined(self, name: str, round_number: int) -> bool:
+        """Whether every rank joined round ``round_number`` of stream ``name``."""
+        key = (name, round_number)
+        return key in self._sums or len(self.parts.get(key, ())) == self.world_size
+
     def _reducible(self, stream: RankStream, launch: Launch) -> bool:
         key = (stream.name, launch.round)
         return launch.send is None or key in self._sums or len(self.parts.get(key, ())) == self.world_size
@@ -243,6 +259,8 @@ class LoopbackWorld:
         if kind == "deliver":  # ("deliver", src, dest[, lane])
             src, dest = event[1], event[2]
             message = self.inbound[dest][(src, event[3] if len(event) > 3 else 0)].popleft()
+            if src == dest and type(message) is StreamMessage and type(message.message) is ReleaseActivation:
+                message = self._release(dest, message)
             self.ranks[dest].driver.on_message(src, message)
         elif kind == "complete":
             self.complete(event[1])

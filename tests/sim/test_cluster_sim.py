@@ -331,6 +331,27 @@ def test_activation_delay_removes_balanced_messages_and_keeps_the_guarantees(mod
         assert r.posts == p * 30 and _conserved(sim) == p * 30 and r.staleness_max <= tau
 
 
+@needs_decentral
+def test_held_floods_are_dropped_once_the_facts_are_reduced_though_the_data_takes_longer():
+    """The facts are reduced first: a flood whose delay ends after they
+    completed is dropped, even while the data's reduction (longer than the
+    delay) goes on; a delay shorter than the facts' reduction still floods."""
+    from hvd_partial.sim.cluster import ClusterSimulator
+
+    p, nbytes = 16, 1 << 22
+    facts_bytes = 4 * 8 * p
+    assert NET.reduce_seconds(p, facts_bytes) < 0.003 < NET.reduce_seconds(p, nbytes)
+    balanced = random_delays(p, 0.02, 0.0, seed=1)
+    runs = {}
+    for delay in (0.001, 0.003):
+        sim = ClusterSimulator(p, Solo(), 4, 30, balanced, NET, nbytes=nbytes, control_plane="decentral",
+                               activation_delay_s=delay)
+        r = runs[delay] = sim.run()
+        assert r.posts == p * 30 and _conserved(sim) == p * 30 and r.staleness_max <= 4
+    assert runs[0.001].messages_per_round_mean >= math.log2(p) - 1
+    assert runs[0.003].messages_per_round_mean < 1
+
+
 def test_negative_activation_delay_is_refused():
     with pytest.raises(ValueError, match="activation_delay_s"):
         simulate(2, Solo(), 2, 3, random_delays(2, 0.01, 0.0, seed=0), control_plane="decentral",

@@ -302,3 +302,24 @@ def test_a_rank_still_training_at_a_balanced_flush_loses_nothing(P, mode, traine
     assert since[-1].flush and not any(r.flush for r in since[:-1])
     assert sum(int(r.array[0]) for r in since) == 7  # the trainer's post, exactly once
     assert len(since) <= 3  # at most one round with nobody's data besides the trainer's and the flush round
+
+
+@pytest.mark.parametrize("mode", [Solo(), Majority(seed=3)], ids=["solo", "majority"])
+@pytest.mark.parametrize("P", [2, 3, 4, 8])
+def test_a_delay_that_ends_after_everyone_joined_drops_the_flood_before_the_round_completes(P, mode):
+    """The host tells the end of a delay whether every rank joined (the engine
+    learns it from the round's facts, reduced before the data)."""
+    world = balanced_world(P, mode)
+    sent = count_activations(world)
+    post_all(world, P, 3)  # in balanced training every post joins its round at once
+    releases = [e for e in world.communication_events() if is_release(world, e)]
+    assert releases and not any(world.idle(j) for j in range(P))
+    dropped = sum(machine(world, j).floods_dropped for j in range(P))
+    for event in releases:
+        world.apply(event)
+    assert sent == []
+    assert sum(machine(world, j).floods_dropped for j in range(P)) == dropped + len(releases)
+    assert not any(world.idle(j) for j in range(P))  # no round completed yet
+    world.run_communication()
+    assert all(world.idle(j) for j in range(P)) and sent == []
+    assert [int(world.results(j)[-1].array[0]) for j in range(P)] == [3 * P] * P

@@ -101,9 +101,11 @@ class Defer:
 @dataclass(frozen=True)
 class ReleaseActivation:
     """A rank's message to itself: the activation delay of ``round`` passed,
-    so its held-back activations go out (those still needed)."""
+    so its held-back activations go out (those still needed), unless the
+    host knows that ``everyone_joined`` the round (its facts were reduced)."""
 
     round: int
+    everyone_joined: bool = False
 
 
 @dataclass(frozen=True)

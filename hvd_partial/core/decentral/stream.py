@@ -53,8 +53,10 @@ of round ``c`` as every other rank, and has not yet heard that ``c`` started):
   :class:`~.messages.ReleaseActivation` (the host's timer) or as soon as an
   activation of the round reaches it (someone is waiting for it), to the
   neighbours it has not heard from; it drops the flood if the round completes
-  here first, since a reduction completes only once every rank joined it. A
-  rank that never posts is reached one delay later at most.
+  here first, since a reduction completes only once every rank joined it, or
+  if the host's timer comes with ``everyone_joined`` (the round's facts,
+  reduced before its data, completed). A rank that never posts is reached
+  one delay later at most.
   Majority without a quorum does the same at the designated initiator, and
   every other rank whose post waits for such a round joins it early: the
   designated start is certain (its post, its flush or the world's failure),
@@ -217,7 +219,13 @@ class DecentralStream:
                 return self._release(msg.round) if self.held_back == msg.round else []
             return [Send(n, msg) for n in sends] + [self._join(msg.round, initiated=False)] + self._progress()
         if isinstance(msg, ReleaseActivation):
-            return self._release(msg.round) if self.held_back == msg.round else []
+            if self.held_back != msg.round:
+                return []
+            if msg.everyone_joined:  # nobody needs the flood: drop it before the data completes
+                self.held_back = None
+                self.floods_dropped += 1
+                return []
+            return self._release(msg.round)
         if msg.round <= self.activation.latest:
             return []  # that round started already
         held = self.held
