@@ -90,11 +90,12 @@ class Config:
     control_plane: str = "decentral"
     #: Under the ``decentral`` plane, a solo round (or a majority round
     #: without a quorum) that this rank's post starts in balanced training
-    #: (every rank contributed to the last round) waits this long, in
-    #: microseconds, before this rank sends its activations: if every rank
-    #: joins the round itself meanwhile (at its post, or at once when it
-    #: flushes), none are sent. A late rank is activated this much later.
-    #: 0: at once, no early joins, and flushes gather as in any round.
+    #: (every rank contributed to the last round, or it was a flush round)
+    #: waits this long, in microseconds, before this rank sends its
+    #: activations: if every rank joins the round itself meanwhile (at its
+    #: post, or at once when it flushes), none are sent. A late rank is
+    #: activated this much later. 0: at once, no early joins, and flushes
+    #: gather as in any round.
     activation_delay_us: float = 2000.0
 
     def __post_init__(self):

@@ -270,11 +270,13 @@ def test_a_balanced_flush_is_one_round_and_sends_nothing(P, mode):
         last = world.results(j)[-1]
         assert (last.round, last.flush, last.contributors) == (c, True, [])
         assert machine(world, j).completed == c + 1
-    # training goes on, still balanced, after the flush round
+    # training goes on after the flush round, still balanced: every rank trains again at once
     post_all(world, P, 4)
     run_without_releases(world)
     assert all(world.idle(j) for j in range(P))
     assert [int(world.results(j)[-1].array[0]) for j in range(P)] == [4 * P] * P
+    world.run_communication()
+    assert sent == []
 
 
 @pytest.mark.parametrize("mode", [Solo(), Majority(seed=3)], ids=["solo", "majority"])

@@ -46,9 +46,9 @@ of round ``c`` as every other rank, and has not yet heard that ``c`` started):
   over the hypercube (:mod:`hvd_partial.core.activation`); every rank joins
   each round once, with everything it has posted and not yet contributed.
 - Held-back activation (``defer_activations``): in balanced training (the
-  last round had every rank contributing, nobody is flushing and nothing
-  blocks) every rank posts at about the same time, so the flood is pure
-  overhead. In solo, a rank whose post starts such a round joins it at once
+  last round had every rank contributing or was a flush round, nobody is
+  flushing and nothing blocks) every rank posts at about the same time, so
+  the flood is pure overhead. In solo, a rank whose post starts such a round joins it at once
   but holds its flood back (:class:`~.messages.Defer`). It floods on
   :class:`~.messages.ReleaseActivation` (the host's timer) or as soon as an
   activation of the round reaches it (someone is waiting for it), to the
@@ -149,7 +149,9 @@ class DecentralStream:
         self.awaiting_start: int | None = None
         self.joined_early = 0  # rounds joined so, before their start was heard
         self.joined_at_flush = 0  # balanced rounds joined at a flush, without the flush gather
-        self._last_full = False  # every rank contributed to the last round completed here
+        # every rank contributed to the last round completed here, or joined it flushing
+        # (a flush round: every rank then trains again at about the same time)
+        self._last_full = False
         self.activation = Activation(rank, world_size)
         self.pending: list[_Pending] = []
         self.seq = 0
@@ -270,7 +272,7 @@ class DecentralStream:
                 self.awaiting_start = None
             else:
                 self.floods_dropped += 1
-        self._last_full = len(result.contributors) == self.world_size
+        self._last_full = result.flush or len(result.contributors) == self.world_size
         if flush:
             self.flushes_done += 1
             self.last_flush_round = round_number
