@@ -80,8 +80,7 @@ class Reductions:
         none can finish before a peer's activation comes."""
         heads = [(sid, q[0]) for sid, q in self._rounds.items() if q]
         # once the facts are reduced every rank joined: the data needs this rank in MPI
-        return bool(heads) and all(awaiting(sid, e.launch.round) and not (
-            e.facts_request is not None and self.transport.done([e.facts_request])) for sid, e in heads)
+        return bool(heads) and all(awaiting(sid, e.launch.round) and not self._facts_done(e) for sid, e in heads)
 
     def everyone_joined(self, sid: int, round_number: int) -> bool:
         """Whether every rank has joined round ``round_number`` of stream
@@ -89,8 +88,11 @@ class Reductions:
         allreduce completes only once every rank started it."""
         for entry in self._rounds.get(sid, ()):
             if entry.launch.round == round_number:
-                return entry.facts_request is not None and self.transport.done([entry.facts_request])
+                return self._facts_done(entry)
         return False
+
+    def _facts_done(self, entry: RoundEntry) -> bool:
+        return entry.facts_request is not None and self.transport.done([entry.facts_request])
 
     def progress(self) -> bool:
         """Start what can start, complete what finished; True if anything did."""

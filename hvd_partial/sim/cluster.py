@@ -267,7 +267,7 @@ class ClusterSimulator:
         self.round_done: dict = {}
         self.facts_done: dict = {}  # (stream, round) -> when its facts' reduction completed
         self.last_reduce_done = 0.0
-        self._reduce_cost: dict[int, float] = {}  # by bytes of facts carried with the data
+        self._reduce_cost: dict[int, float] = {}  # the model's cost of a reduction, by its bytes
         # what a message costs, by the per-rank entries it carries (the coordinator's: as its round start)
         self._costs: dict[int, tuple[float, float]] = {}
         self._walks_all = control_plane == "central"
@@ -338,18 +338,16 @@ class ClusterSimulator:
 
     def _facts_seconds(self, launch) -> float:
         # the facts alone, started first by every rank at its join
-        nbytes = launch.send[-1].nbytes
-        cost = self._reduce_cost.get(-nbytes)
-        if cost is None:
-            cost = self._reduce_cost[-nbytes] = self.net.reduce_seconds(self.P, nbytes)
-        return cost
+        return self._reduction_seconds(launch.send[-1].nbytes)
 
     def _reduce_seconds(self, launch) -> float:
         # a solo/majority round carries every rank's facts in its last buffer, with the data
-        extra = launch.send[-1].nbytes if launch.with_facts else 0
-        cost = self._reduce_cost.get(extra)
+        return self._reduction_seconds(self.nbytes + (launch.send[-1].nbytes if launch.with_facts else 0))
+
+    def _reduction_seconds(self, nbytes: int) -> float:
+        cost = self._reduce_cost.get(nbytes)
         if cost is None:
-            cost = self._reduce_cost[extra] = self.net.reduce_seconds(self.P, self.nbytes + extra)
+            cost = self._reduce_cost[nbytes] = self.net.reduce_seconds(self.P, nbytes)
         return cost
 
     def _schedule_front(self, queue: _TimedDeque):

@@ -224,8 +224,7 @@ class DecentralStream:
             if self.held_back != msg.round:
                 return []
             if msg.everyone_joined:  # nobody needs the flood: drop it before the data completes
-                self.held_back = None
-                self.floods_dropped += 1
+                self._drop_flood(msg.round)
                 return []
             return self._release(msg.round)
         if msg.round <= self.activation.latest:
@@ -267,11 +266,7 @@ class DecentralStream:
             result = RoundResult(round_number, initiator, contributors, staleness, array=value, flush=flush)
         flush = result.flush
         if self.held_back == round_number:  # every rank joined: nobody needed the flood
-            self.held_back = None
-            if self.awaiting_start == round_number:
-                self.awaiting_start = None
-            else:
-                self.floods_dropped += 1
+            self._drop_flood(round_number)
         self._last_full = result.flush or len(result.contributors) == self.world_size
         if flush:
             self.flushes_done += 1
@@ -398,7 +393,7 @@ class DecentralStream:
                 held.told_holds |= tell_holds
                 held.told_flushing |= tell_flushing
                 out.append(Send(d, Ready(c, holds=holds, flushing=self.flushing)))
-        if self._may_start(held, holds):
+        if self._may_start(held, holds, balanced):
             if balanced:
                 out += self._hold_back(c)
             else:
@@ -429,7 +424,7 @@ class DecentralStream:
         msg = Rejected(reason)
         return [Send(n, msg) for n in self.activation.neighbours] + self.fail(MismatchError(reason))
 
-    def _may_start(self, held: _Held, holds: bool) -> bool:
+    def _may_start(self, held: _Held, holds: bool, balanced: bool) -> bool:
         view = held.view
         stale_done = held.stale is not None and held.stale.is_root and held.stale.reported
         if view.registration:
@@ -440,7 +435,7 @@ class DecentralStream:
             if held.stale is None and not len(view.blockers):
                 # a waiting post starts it; so does a flush in balanced training, where every
                 # rank flushes at about the same time (the round is the flush round if all do)
-                return self.waiter is not None and (self.waiter[0] == "post" or self._may_hold_back(held))
+                return self.waiter is not None and (self.waiter[0] == "post" or balanced)
             return stale_done
         d = held.designated
         if d != self.rank:
@@ -487,6 +482,14 @@ class DecentralStream:
         self.held_back = self.awaiting_start = c
         self.joined_early += 1
         return [self._join(c, initiated=False)]
+
+    def _drop_flood(self, c: int) -> None:
+        """Every rank joined round ``c``, held back here: nobody needs its flood."""
+        self.held_back = None
+        if self.awaiting_start == c:  # an early joiner's: not a flood of its own
+            self.awaiting_start = None
+        else:
+            self.floods_dropped += 1
 
     def _release(self, c: int) -> list:
         """Flood round ``c``, held back here, to the neighbours not heard from in it."""
