@@ -193,6 +193,11 @@ class DecentralControl:
         machine = self.streams.get(sid)
         return machine is not None and machine.awaiting_start == round_number
 
+    def holds_flood(self, sid: int, round_number: int) -> bool:
+        """Whether this rank still holds back the flood of that round (else its timer has nothing to do)."""
+        machine = self.streams.get(sid)
+        return machine is not None and machine.held_back == round_number
+
     @staticmethod
     def release_message(sid: int, round_number: int, everyone_joined: bool = False) -> StreamMessage:
         """What the host hands this rank's driver when the activation delay of

@@ -328,10 +328,17 @@ class Engine:
 
     def _release_held_floods(self) -> bool:
         held = self._held_floods
+        control = self._driver.control
         now = time.perf_counter()
         released = False
-        while held and held[0][0] <= now:
-            _, sid, round_number = held.popleft()
+        while held:
+            deadline, sid, round_number = held[0]
+            if not control.holds_flood(sid, round_number):
+                held.popleft()  # dropped already (the round completed): nothing to time
+                continue
+            if deadline > now:
+                break
+            held.popleft()
             joined = self._reductions.everyone_joined(sid, round_number)
             self._driver.on_message(self.rank, self._driver.release_message(sid, round_number, joined))
             released = True

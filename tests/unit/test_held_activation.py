@@ -79,6 +79,7 @@ def test_balanced_rounds_send_no_activation(P):
     assert sent == []
     for j in range(P):
         assert machine(world, j).floods_dropped >= 5
+        assert not machine(world, j).held.flush_made  # nobody flushed: no flush gather was built
         sums = [int(r.array[0]) for r in world.results(j)]
         assert sums[-5:] == [P * (s + 2) for s in range(5)]
 

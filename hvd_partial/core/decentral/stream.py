@@ -101,7 +101,8 @@ class _Held:
 
     view: RoundView
     stale: Gather | None = None  # registration or staleness gather
-    flush: Gather | None = None
+    flush: Gather | None = None  # made on first need (see DecentralStream._flush_gather)
+    flush_made: bool = False
     designated: int | None = None
     holders: set = field(default_factory=set)  # at the designated initiator: ranks that hold data
     flushed: set = field(default_factory=set)  # at the designated initiator: ranks that began flushing
@@ -329,9 +330,6 @@ class DecentralStream:
                     held.stale.ready = True  # the designated initiator's own conditions are checked apart
             elif len(view.blockers):
                 held.stale = Gather.member("stale", view.blockers, me, position_in_sorted(view.blockers, me))
-            everyone = len(view.training) == self.world_size  # then training is 0..P-1
-            held.flush = Gather.member("flush", view.training, me,
-                                       me if everyone else position_in_sorted(view.training, me))
         self.held = held
         for source, msg in self.early.pop(view.round, []):
             self._apply(held, source, msg)
@@ -340,7 +338,7 @@ class DecentralStream:
 
     def _apply(self, held: _Held, source: int, msg) -> None:
         if isinstance(msg, Gathered):
-            gather = held.stale if msg.kind in ("stale", "register") else held.flush
+            gather = held.stale if msg.kind in ("stale", "register") else self._flush_gather(held)
             if gather is None:  # pragma: no cover - a protocol bug
                 raise EngineError(f"rank {self.rank}: {msg} for a gather it is not in")
             gather.child_reported(msg.position)
@@ -370,8 +368,10 @@ class DecentralStream:
         if held.stale is not None and not held.stale.ready:
             held.stale.ready = holds if view.registration else (holds or self.flushing)
         balanced = self._may_hold_back(held)
-        if held.flush is not None and not held.flush.ready:
-            held.flush.ready = self.flushing
+        if self.flushing:
+            flush = self._flush_gather(held)
+            if flush is not None:
+                flush.ready = True
         # In balanced training every flushing rank joins round c itself: no flush gather.
         for gather in (held.stale, None if balanced else held.flush):
             if gather is not None and not gather.reported and gather.complete():
@@ -406,6 +406,17 @@ class DecentralStream:
         if self.flushing and balanced:
             self.joined_at_flush += 1
         return out
+
+    def _flush_gather(self, held: _Held) -> Gather | None:
+        """This rank's part in the flush gather of ``held``'s round, made when
+        first needed (it flushes, or a report came): most rounds have no flush."""
+        if not held.flush_made and not held.view.registration:
+            held.flush_made = True
+            view, me = held.view, self.rank
+            everyone = len(view.training) == self.world_size  # then training is 0..P-1
+            held.flush = Gather.member("flush", view.training, me,
+                                       me if everyone else position_in_sorted(view.training, me))
+        return held.flush
 
     def _designated(self, round_number: int) -> int:
         """Majority's designated initiator of ``round_number`` (asked twice per round: cached)."""
