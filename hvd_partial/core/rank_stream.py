@@ -13,10 +13,10 @@ import numpy as np
 from ..errors import MismatchError, StreamConflictError
 from ..modes import ReduceOp
 from .buffer_pool import BufferPool
-from .decentral.facts import FIELDS, lags
+from .decentral.facts import FIELDS, KNOWN_TAKEN
 from .fusion import Layout
 from .messages import Flush, FlushBegun, Post, Start
-from .round_result import RoundResult, any_data
+from .round_result import RoundResult, all_fresh, any_data
 
 
 @dataclass
@@ -98,7 +98,7 @@ class RankStream:
         # Sync streams: set while some rank flushes (FlushBegun), until the flush round.
         self.flush_begun: FlushBegun | None = None
         # Set by the decentralized control plane: reads a round's reduced facts
-        # into (contributors, staleness, initiator, flush); the facts are kept in last_facts.
+        # into (staleness row, initiator, flush); the facts are kept in last_facts.
         self.read_facts = None
         self.last_facts = None
         # Set with read_facts: a round nobody contributed to (which that plane may start) does not
@@ -195,32 +195,27 @@ class RankStream:
         """A round finished with the reduced ``buffers`` (None: nothing was
         contributed). Returns the waiter to wake, if it is now satisfied."""
         facts = launch.facts
-        initiator = flush = None
+        initiator = None if facts is None else facts.initiator
+        flush = False if facts is None else facts.flush
         if reduced is None:
             reduced = self.layout.zeros()
-            contributors, staleness = [], {}
+            row = np.zeros(self.world_size, np.int64)
             self.last_included = {}
         elif launch.with_facts:
             gathered, reduced = reduced[-1], reduced[:-1]
             if self.read_facts is not None:
                 self.last_facts = gathered
-                contributors, staleness, initiator, flush = self.read_facts(gathered)
+                row, initiator, flush = self.read_facts(gathered)
             else:
                 P = self.world_size
-                contributors = [j for j in range(P) if gathered[j]]
-                staleness = {j: int(gathered[P + j]) for j in contributors}
-                self.last_included = {j: int(gathered[2 * P + j]) for j in contributors}
+                row = np.where(gathered[:P] != 0, gathered[P:2 * P] + 1, 0)
+                self.last_included = {j: int(gathered[2 * P + j]) for j in np.flatnonzero(gathered[:P]).tolist()}
         else:
-            contributors, staleness = list(range(self.world_size)), {j: 0 for j in range(self.world_size)}
-        if contributors and self.op is ReduceOp.AVERAGE:
+            row = all_fresh(self.world_size)
+        result = RoundResult(launch.round, initiator, flush=flush, staleness_row=row)
+        if self.op is ReduceOp.AVERAGE and result.has_data:
             for buf in reduced:
                 np.divide(buf, self.world_size, out=buf)
-        if facts is None:
-            result = RoundResult(launch.round, None, contributors, staleness)
-        elif flush is None:
-            result = RoundResult(launch.round, facts.initiator, contributors, staleness, flush=facts.flush)
-        else:
-            result = RoundResult(launch.round, initiator, contributors, staleness, flush=flush)
         arrays = self.layout.unpack(reduced)
         result.buffers = reduced
         if self.grouped:
@@ -236,7 +231,7 @@ class RankStream:
             if not result.flush:
                 return None
             waiter.results.extend(self._take_completed())
-        elif self.posts_need_data and not (result.contributors or result.flush):
+        elif self.posts_need_data and not (result.has_data or result.flush):
             return None
         else:
             self._deliver(waiter)
@@ -277,12 +272,13 @@ class RankStream:
                 np.add(acc, b, out=acc)
         return total, [True] * len(total)
 
-    def last_lags(self) -> list | None:
-        """Per rank, the rounds it had not taken at the latest round this rank
-        completed, where the round's facts tell (the decentralized plane)."""
+    def last_known_taken(self) -> np.ndarray | None:
+        """Per rank, the rounds it had taken (a waiting post counts) when it
+        joined the latest round completed here, where the round's facts tell
+        (the decentralized plane)."""
         if self.read_facts is None or self.last_facts is None:
             return None
-        return lags(self.last_facts.reshape(FIELDS, self.world_size), self.completed - 1)
+        return self.last_facts.reshape(FIELDS, self.world_size)[KNOWN_TAKEN]
 
     @property
     def lag(self) -> int:

@@ -352,9 +352,9 @@ class Engine:
         self._reductions.launch(stream, launch)
 
     def reduced(self, stream: RankStream, launch: Launch, result: RoundResult) -> None:
-        lags = stream.last_lags()  # decentralized plane: the lags travel in the round's facts
-        if lags is not None:
-            self.stats.round_started(stream.name, lags)
+        known = stream.last_known_taken()  # decentralized plane: the lags travel in the round's facts
+        if known is not None:
+            self.stats.known_taken(stream.name, launch.round, known)
         self.stats.round_completed(stream.name, result)
         if self.timeline is not None:
             self.timeline.reduced(stream.name, launch, result)

@@ -470,7 +470,7 @@ class GradientExchange:
 
     def _stack(self, results) -> list:
         """The results with at least one contributor, stacked per group."""
-        useful = [r for r in results if r.contributors]
+        useful = [r for r in results if r.has_data]
         self.rounds_taken += len(results)
         self.updates += len(useful)
         self.last_results = results

@@ -88,11 +88,6 @@ def _rank() -> int | str:
         return current.transport.rank if current is not None else "?"
 
 
-def _facts(result: RoundResult) -> RoundResult:
-    return RoundResult(result.round, result.initiator, list(result.contributors), dict(result.staleness),
-                       flush=result.flush)
-
-
 class DistributedOptimizer:
     """Wrap ``optimizer`` so that ``step()`` reduces gradients across ranks with
     a partial (or synchronous) allreduce and applies every round's result.
@@ -356,8 +351,8 @@ class DistributedOptimizer:
         self._dirty = self._mode.kind != "sync"
         self._passes.reset()
         self._queue = deque(results)
-        self.last_results = [_facts(r) for r in results]
-        first = next((r for r in results if r.contributors), None)
+        self.last_results = [r.facts_only() for r in results]
+        first = next((r for r in results if r.has_data), None)
         if first is not None:
             self._load(first)
             self._loaded = (first.round, self._grad_versions())
@@ -403,7 +398,7 @@ class DistributedOptimizer:
         except MismatchError as err:
             raise self._explain_mismatch(err) from err
         self._queue = deque(results)
-        self.last_results = [_facts(r) for r in results]
+        self.last_results = [r.facts_only() for r in results]
         self._loaded = None
         self._apply_queue()
         self._dirty = False
@@ -600,7 +595,7 @@ class DistributedOptimizer:
         loaded = self._loaded
         self._loaded = None
         self._synchronized = False
-        applicable = sum(1 for r in queue if r.contributors)
+        applicable = sum(1 for r in queue if r.has_data)
         if loaded is not None and applicable > 1 and self._grad_versions() != loaded[1]:
             queue.clear()
             raise SynchronizationError(
@@ -610,7 +605,7 @@ class DistributedOptimizer:
         while queue:
             result = queue.popleft()
             self._taken = result.round + 1
-            if not result.contributors:
+            if not result.has_data:
                 # Nobody contributed: applying zeros would still move momentum
                 # and weight decay, which no gradient asked for.
                 continue

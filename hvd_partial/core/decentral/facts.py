@@ -66,11 +66,12 @@ class RoundView:
         r = round_number + 1
         P = facts.shape[1]
         flushing_row = facts[FLUSHING]
-        if not flushing_row.any():
-            # Nobody joined flushing (the steady state): everyone trains.
+        if not np.count_nonzero(flushing_row):
+            # Nobody joined flushing (the steady state): everyone trains. (The plain ufunc
+            # calls skip ndarray.any/min's Python wrappers: this runs every round.)
             known = facts[KNOWN_TAKEN]
             lowest = r - max_staleness + 1
-            blockers = _EMPTY if known.min() >= lowest else np.flatnonzero(known < lowest)
+            blockers = _EMPTY if np.minimum.reduce(known) >= lowest else np.flatnonzero(known < lowest)
             return cls(r, _everyone(P), blockers, known, _nobody(P))
         if is_flush_round(facts, flushes_done - 1) and last_flush_round == round_number:
             # the flush round: every rank took everything and trains again
@@ -94,17 +95,15 @@ def is_flush_round(facts: np.ndarray, flushes_before: int) -> bool:
 
 
 def round_facts(facts: np.ndarray, flushes_before: int = 0):
-    """``(contributors, staleness, initiator, flush)`` of a reduced facts array,
-    after ``flushes_before`` completed flush rounds."""
-    stale = facts[STALENESS]
-    summed = stale.nonzero()[0]
-    contributors = summed.tolist()
-    staleness = dict(zip(contributors, (stale[summed] - 1).tolist()))
+    """``(staleness row, initiator, flush)`` of a reduced facts array, after
+    ``flushes_before`` completed flush rounds (the row is
+    :class:`~hvd_partial.core.round_result.RoundResult`'s: 0 for a rank that
+    summed nothing, else 1 plus its lateness)."""
     flush = is_flush_round(facts, flushes_before)
     initiated = facts[INITIATED]
     first = int(initiated.argmax())  # the lowest rank that started the round, if any did
     initiator = None if flush or not initiated[first] else first
-    return contributors, staleness, initiator, flush
+    return facts[STALENESS], initiator, flush
 
 
 # Shared read-only arrays of the steady-state view, one per world size.
@@ -130,7 +129,7 @@ def _nobody(P: int) -> np.ndarray:
     return out
 
 
-def lags(facts: np.ndarray, round_number: int) -> list:
+def lags(round_number: int, known_taken: np.ndarray) -> list:
     """Per rank, how many rounds it had not taken when it joined round
-    ``round_number`` (from the round's reduced facts; a waiting post counts as taken)."""
-    return np.maximum(round_number - facts[KNOWN_TAKEN], 0).tolist()
+    ``round_number`` (its facts' ``KNOWN_TAKEN`` row; a waiting post counts as taken)."""
+    return np.maximum(round_number - known_taken, 0).tolist()

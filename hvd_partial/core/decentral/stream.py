@@ -246,13 +246,13 @@ class DecentralStream:
         return [self._join(0, initiated=False)] + self._progress()
 
     def read_facts(self, facts: np.ndarray):
-        """``(contributors, staleness, initiator, flush)`` of the next round to
-        complete here, from its reduced ``facts`` (changes nothing)."""
-        contributors, staleness, initiator, flush = round_facts(facts, self.flushes_done)
+        """``(staleness row, initiator, flush)`` of the next round to complete
+        here, from its reduced ``facts`` (changes nothing)."""
+        row, initiator, flush = round_facts(facts, self.flushes_done)
         if self.kind == "majority" and self.completed > 0 and not flush:
             # the designated rank, whether it posted or stood in while flushing
             initiator = self._designated(self.completed)
-        return contributors, staleness, initiator, flush
+        return row, initiator, flush
 
     def on_reduced(self, round_number: int, value, facts: np.ndarray, result: RoundResult | None = None) -> list:
         """Round ``round_number`` completed on this rank with the summed
@@ -263,12 +263,12 @@ class DecentralStream:
         if round_number != self.completed:
             raise EngineError(f"rank {self.rank}: round {round_number} completed, expected {self.completed}")
         if result is None:
-            contributors, staleness, initiator, flush = self.read_facts(facts)
-            result = RoundResult(round_number, initiator, contributors, staleness, array=value, flush=flush)
+            row, initiator, flush = self.read_facts(facts)
+            result = RoundResult(round_number, initiator, array=value, flush=flush, staleness_row=row)
         flush = result.flush
         if self.held_back == round_number:  # every rank joined: nobody needed the flood
             self._drop_flood(round_number)
-        self._last_full = result.flush or len(result.contributors) == self.world_size
+        self._last_full = result.flush or result.contributor_count == self.world_size
         if flush:
             self.flushes_done += 1
             self.last_flush_round = round_number
@@ -278,7 +278,7 @@ class DecentralStream:
         if self.waiter is not None:
             kind, seq = self.waiter
             if kind == "post":
-                if not self.posts_need_data or result.contributors or flush:
+                if not self.posts_need_data or result.has_data or flush:
                     self.waiter = None
                     out.append(Complete("post", seq, self._take()))
             elif flush:
