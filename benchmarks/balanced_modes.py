@@ -8,8 +8,8 @@ training loop would), in an order rotated from block to block. A block's
 rounds per second is its rounds over the slowest rank's wall time; each
 method's figure is the median over the blocks, so that the machine's drift
 hits every method alike. It also prints each method's time in ``flush()`` per
-epoch and its engine thread's CPU time per round (medians over the blocks, of
-the slowest rank), and, per rank, how many rounds each stream held its
+epoch, and its engine thread's and training thread's CPU time per round
+(medians over the blocks, of the slowest rank), and, per rank, how many rounds each stream held its
 activation flood back, dropped it, joined before its start was heard, or
 joined at a flush (docs/control-plane.md, "Held-back activation").
 
@@ -57,8 +57,14 @@ def stream_counts() -> dict:
 
 
 def engine_cpu_seconds() -> float:
-    """CPU time of this process's engine thread so far (Linux; 0 elsewhere)."""
+    """CPU time of this process's engine thread so far (Linux; 0 elsewhere):
+    the scheduler's nanosecond count, else the clock-tick one."""
     tid = session.current().engine._thread.native_id
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         with open(f"/proc/self/task/{tid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -83,12 +89,14 @@ def main(argv=None) -> int:
     rates = {name: [] for name in methods}
     flush_ms = {name: [] for name in methods}  # per epoch, per block
     engine_us = {name: [] for name in methods}  # engine thread CPU per round, per block
+    compute_us = {name: [] for name in methods}  # training thread CPU per round, per block
     for block in range(args.blocks):
         shift = block % len(methods)
         for name in methods[shift:] + methods[:shift]:
             model, optimizer = trainers[name]
             hvd.barrier()
             rounds_before, start, cpu_before = optimizer.rounds, time.perf_counter(), engine_cpu_seconds()
+            compute_before = time.thread_time()
             flushing = 0.0
             for _ in range(args.epochs):
                 for _ in range(args.steps):
@@ -100,21 +108,25 @@ def main(argv=None) -> int:
                 optimizer.flush()
                 flushing += time.perf_counter() - flush_start
             rounds = optimizer.rounds - rounds_before
-            seconds, flushing, cpu = (max(v) for v in zip(*hvd.allgather_object(
-                (time.perf_counter() - start, flushing, engine_cpu_seconds() - cpu_before))))
+            seconds, flushing, cpu, compute = (max(v) for v in zip(*hvd.allgather_object(
+                (time.perf_counter() - start, flushing, engine_cpu_seconds() - cpu_before,
+                 time.thread_time() - compute_before))))
             rates[name].append(rounds / seconds)
             flush_ms[name].append(flushing / args.epochs * 1e3)
             engine_us[name].append(cpu / max(rounds, 1) * 1e6)
+            compute_us[name].append(compute / max(rounds, 1) * 1e6)
     counts = hvd.allgather_object(stream_counts())
     if rank == 0:
         print(f"{size} ranks, {args.blocks} blocks of {args.epochs} epochs x {args.steps} steps per method, "
               f"activation_delay_us={session.current().config.activation_delay_us:g}")
         first = statistics.median(rates[methods[0]])
-        print(f"{'method':<10} {'rounds/s':>9} {'ratio':>6} {'flush ms':>9} {'engine us/round':>16}  per block")
+        print(f"{'method':<10} {'rounds/s':>9} {'ratio':>6} {'flush ms':>9} {'engine us/round':>16} "
+              f"{'compute us/round':>17}  per block")
         for name in methods:
             median = statistics.median(rates[name])
             print(f"{name:<10} {median:9.1f} {median / first:6.3f} {statistics.median(flush_ms[name]):9.2f} "
-                  f"{statistics.median(engine_us[name]):16.0f}  " + " ".join(f"{r:.0f}" for r in rates[name]))
+                  f"{statistics.median(engine_us[name]):16.0f} {statistics.median(compute_us[name]):17.0f}  "
+                  + " ".join(f"{r:.0f}" for r in rates[name]))
         print("held / dropped / joined early / joined at a flush / rounds, per rank:")
         for stream in counts[0]:
             print(f"  {stream}: " + ", ".join("%d/%d/%d/%d/%d" % per_rank[stream] for per_rank in counts))

@@ -186,7 +186,7 @@ class DistributedOptimizer:
         self._round_base = 0  # rounds taken before a checkpoint was loaded
         self._updates = 0
         self._loaded: tuple | None = None  # (round, [(id, version) of each grad]) after synchronize()
-        self._hyper: tuple | None = None  # hyperparameters as the last step left them (solo, majority)
+        self._hyper: list | None = None  # hyperparameters as the last step left them (solo, majority)
         self.last_results: list[RoundResult] = []
         self._hook_handles: list = []
         self._collect_parameters()
@@ -627,7 +627,7 @@ class DistributedOptimizer:
         if now == self._hyper:
             return
         changed = sorted({f"param_groups[{i}].{k}" for i, (a, b) in enumerate(zip(now, self._hyper))
-                          for k, v in a if dict(b).get(k) != v}) or ["param_groups"]
+                          for k in a.keys() | b.keys() if a.get(k) != b.get(k)}) or ["param_groups"]
         self._hyper = None
         raise SynchronizationError(
             f"rank {_rank()}: {', '.join(changed)} changed between two local steps in {self._mode.kind} mode. Ranks "
@@ -666,19 +666,16 @@ class DistributedOptimizer:
                              f"(same order, shapes and dtypes)")
 
 
-def _hyperparameters(optimizer) -> tuple:
-    """The param groups' hyperparameters (everything but the parameters), comparable with ==."""
+def _hyperparameters(optimizer) -> list:
+    """The param groups' hyperparameters (everything but the parameters), comparable with ==
+    (a tensor-valued one by its values: an in-place change counts). Runs twice per step: kept lean."""
     out = []
     for group in optimizer.param_groups:
-        items = []
-        for key, value in group.items():
-            if key == "params":
-                continue
-            if isinstance(value, torch.Tensor):
-                value = tuple(value.detach().reshape(-1).tolist())
-            items.append((key, value))
-        out.append(tuple(items))
-    return tuple(out)
+        values = {key: value for key, value in group.items() if key != "params"}
+        for key in [key for key, value in values.items() if isinstance(value, torch.Tensor)]:
+            values[key] = tuple(values[key].detach().reshape(-1).tolist())
+        out.append(values)
+    return out
 
 
 _TORCH_DTYPES: dict = {}
