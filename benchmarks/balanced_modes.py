@@ -7,7 +7,9 @@ launch; the launch runs ``--blocks`` blocks, each training every method for
 training loop would), in an order rotated from block to block. A block's
 rounds per second is its rounds over the slowest rank's wall time; each
 method's figure is the median over the blocks, so that the machine's drift
-hits every method alike. It also prints each method's time in ``flush()`` per
+hits every method alike, and ``paired`` is the median over the blocks of the
+block's rate over the first method's in the same block (the least noisy
+comparison on a busy machine). It also prints each method's time in ``flush()`` per
 epoch, and its engine thread's and training thread's CPU time per round
 (medians over the blocks, of the slowest rank), and, per rank, how many rounds each stream held its
 activation flood back, dropped it, joined before its start was heard, or
@@ -120,11 +122,14 @@ def main(argv=None) -> int:
         print(f"{size} ranks, {args.blocks} blocks of {args.epochs} epochs x {args.steps} steps per method, "
               f"activation_delay_us={session.current().config.activation_delay_us:g}")
         first = statistics.median(rates[methods[0]])
-        print(f"{'method':<10} {'rounds/s':>9} {'ratio':>6} {'flush ms':>9} {'engine us/round':>16} "
+        print(f"{'method':<10} {'rounds/s':>9} {'ratio':>6} {'paired':>6} {'flush ms':>9} {'engine us/round':>16} "
               f"{'compute us/round':>17}  per block")
         for name in methods:
             median = statistics.median(rates[name])
-            print(f"{name:<10} {median:9.1f} {median / first:6.3f} {statistics.median(flush_ms[name]):9.2f} "
+            # each block's rate over the first method's in the same block (run next to it), median
+            paired = statistics.median(a / b for a, b in zip(rates[name], rates[methods[0]]))
+            print(f"{name:<10} {median:9.1f} {median / first:6.3f} {paired:6.3f} "
+                  f"{statistics.median(flush_ms[name]):9.2f} "
                   f"{statistics.median(engine_us[name]):16.0f} {statistics.median(compute_us[name]):17.0f}  "
                   + " ".join(f"{r:.0f}" for r in rates[name]))
         print("held / dropped / joined early / joined at a flush / rounds, per rank:")
