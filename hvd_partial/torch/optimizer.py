@@ -671,9 +671,11 @@ def _hyperparameters(optimizer) -> list:
     (a tensor-valued one by its values: an in-place change counts). Runs twice per step: kept lean."""
     out = []
     for group in optimizer.param_groups:
-        values = {key: value for key, value in group.items() if key != "params"}
-        for key in [key for key, value in values.items() if isinstance(value, torch.Tensor)]:
-            values[key] = tuple(values[key].detach().reshape(-1).tolist())
+        values = dict(group)  # a C-level copy: cheaper than a filtering comprehension
+        values.pop("params", None)
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor):
+                values[key] = tuple(value.detach().reshape(-1).tolist())  # same keys: safe while iterating
         out.append(values)
     return out
 
