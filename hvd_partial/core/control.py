@@ -11,8 +11,9 @@ policy and hands it the peer messages the driver itself does not handle.
 - :class:`CentralControl`: rank 0's :class:`~hvd_partial.core.coordinator.Coordinator`
   decides everything; every other rank reports to it.
 
-A policy's methods: ``report(message)`` (this rank's Register, Post, Flush or
-Goodbye), ``on_message(source, message)`` (a peer message the driver does not
+A policy's methods: ``report(message)`` (this rank's Register, Flush or
+Goodbye), ``posted(stream, seq, computed_for, taken, waiting)`` (this rank's
+post, as in :class:`~hvd_partial.core.messages.Post`), ``on_message(source, message)`` (a peer message the driver does not
 handle itself), ``registered(stream)``, ``round_completed(stream, launch,
 result)``, ``shutdown_ready()``, ``fail(error)`` and
 ``decides_completion(stream)`` (whether a completion feeds a decision at this
@@ -37,7 +38,6 @@ from ..errors import ConfigError, EngineError
 from ..modes import mode_from_description
 from .coordinator import Coordinator
 from .decentral.agreement import Agreements
-from .decentral.facts import FIELDS
 from .decentral.messages import Defer, Join, ReleaseActivation, Send
 from .decentral.stream import DecentralStream
 from .messages import Flush, Goodbye, Post, Register
@@ -59,8 +59,12 @@ class CentralControl:
         self.coordinator = Coordinator(size) if rank == COORDINATOR_RANK else None
 
     def report(self, message) -> None:
-        """This rank's own event (a registration, post, flush or goodbye)."""
+        """This rank's own event (a registration, flush or goodbye)."""
         self._send(COORDINATOR_RANK, message)
+
+    def posted(self, stream, seq: int, computed_for: int, taken: int, waiting: bool) -> None:
+        """This rank posted to ``stream`` (registered)."""
+        self._send(COORDINATOR_RANK, Post(self.rank, stream.id, seq, computed_for, taken, waiting))
 
     def on_message(self, source: int, message) -> None:
         """A peer's report reached this rank."""
@@ -137,14 +141,15 @@ class DecentralControl:
         self.streams: dict[int, DecentralStream] = {}
         self._signatures: dict[str, object] = {}
 
+    def posted(self, stream, seq: int, computed_for: int, taken: int, waiting: bool) -> None:
+        machine = self.streams.get(stream.id)
+        if machine is None:
+            raise EngineError(f"rank {self.rank}: a post to {stream.name!r}, which has no decentralized rounds")
+        self._carry_out(stream.id, machine.post(None))
+
     def report(self, message) -> None:
         kind = type(message)
-        if kind is Post:
-            stream = self.streams.get(message.stream)
-            if stream is not None:
-                self._carry_out(message.stream, stream.post(None))
-                return
-        elif kind is Flush:
+        if kind is Flush:
             stream = self.streams.get(message.stream)
             if stream is not None:
                 self._carry_out(message.stream, stream.flush())
@@ -175,7 +180,7 @@ class DecentralControl:
                                   external_registration=True, posts_need_data=True,
                                   defer_activations=self._defer is not None)
         self.streams[stream.id] = machine
-        stream.read_facts = self._facts_reader(machine)
+        stream.read_facts = machine.read_facts
         stream.posts_need_data = True
         machine.post(None)  # the first post, which the registration carried
         self._carry_out(stream.id, machine.registered())
@@ -208,16 +213,11 @@ class DecentralControl:
         machine = self.streams.get(stream.id)
         if machine is None:  # a sync round: nothing to decide
             return
-        self._carry_out(stream.id, machine.on_reduced(launch.round, None, stream.last_facts.reshape(FIELDS, self.size),
-                                                      result))
+        self._carry_out(stream.id, machine.on_reduced(launch.round, None, stream.last_facts, result))
 
     def fail(self, error: Exception) -> None:
         for machine in self.streams.values():
             machine.fail(error)
-
-    def _facts_reader(self, machine: DecentralStream):
-        shape = (FIELDS, self.size)
-        return lambda flat: machine.read_facts(flat.reshape(shape))
 
     def _carry_out(self, sid: int, actions) -> None:
         """Do what the stream's state machine asks (its Complete actions are

@@ -213,11 +213,11 @@ class Driver:
     def _start_round(self, sid: int, round_number: int, facts) -> None:
         """The control policy started a round here (with this rank's ``facts``)."""
         stream = self.by_id[sid]
-        self.host.launch(stream, stream.on_start(Start(sid, round_number, None, local_facts=facts)))
+        self.host.launch(stream, stream.join(round_number, facts))
 
-    def _after_post(self, stream: RankStream, waiter: Waiter, msg, launch, done) -> None:
-        if msg is not None:
-            self.control.report(msg)
+    def _after_post(self, stream: RankStream, waiter: Waiter, report, launch, done) -> None:
+        if report is not None:
+            self.control.posted(stream, *report)
         if launch is not None:
             self.host.launch(stream, launch)
         if done:

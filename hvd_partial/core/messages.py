@@ -7,7 +7,6 @@ transport moves them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 
 @dataclass(frozen=True)
@@ -132,11 +131,6 @@ class Start:
     stale their data was, travels with the reduction itself. ``round`` is
     ``None`` for the flush of a sync stream, whose rounds are counted locally.
     ``lag[j]`` is how many rounds rank ``j`` had not taken when the round started.
-
-    ``local_facts`` is set only by the decentralized control plane, which
-    starts rounds on each rank itself: the facts array this rank sends with
-    its data (the initiator and whether it is the flush round are then read
-    from the reduced facts, not from this message).
     """
 
     stream: int
@@ -144,4 +138,3 @@ class Start:
     initiator: int | None
     flush: bool = False
     lag: tuple = field(default=())
-    local_facts: Any = field(default=None, compare=False, repr=False)

@@ -13,13 +13,13 @@ import numpy as np
 from ..errors import MismatchError, StreamConflictError
 from ..modes import ReduceOp
 from .buffer_pool import BufferPool
-from .decentral.facts import FIELDS, KNOWN_TAKEN
+from .decentral.facts import KNOWN_TAKEN
 from .fusion import Layout
-from .messages import Flush, FlushBegun, Post, Start
+from .messages import Flush, FlushBegun, Start
 from .round_result import RoundResult, all_fresh, any_data
 
 
-@dataclass
+@dataclass(slots=True)
 class PendingPost:
     seq: int
     buffers: list
@@ -27,15 +27,16 @@ class PendingPost:
     owned: list  # per buffer: False while it is (a view of) the caller's array
 
 
-@dataclass
+@dataclass(slots=True)
 class Launch:
     """A round to reduce: sum ``send`` over all ranks, then call ``complete``.
 
     ``send`` is ``None`` when the round has no contributors anywhere (the
     flush of a sync stream); the engine then completes it with zeros and no
     communication. For solo and majority rounds the last buffer of ``send``
-    holds this rank's facts (contributed, staleness, last post summed), so
-    the reduction gathers every rank's facts with the data.
+    holds this rank's facts, so the reduction gathers every rank's facts with
+    the data: under the coordinator a flat array (contributed, staleness, last
+    post summed), else the decentralized plane's ``(FIELDS, P)`` array.
 
     ``owned`` says, per buffer of ``send``, whether it belongs to this rank's
     stream alone (a fused or staged copy, the facts): the engine may then
@@ -114,9 +115,10 @@ class RankStream:
                 "synchronize it before posting again")
 
     def post(self, buffers: list, owned: bool, waiter: Waiter, registered: bool = True):
-        """Record a post. Returns ``(message, launch, done)``: the message for the
-        coordinator (or None), a sync round to launch (or None), and whether
-        ``waiter`` is already satisfied."""
+        """Record a post. Returns ``(report, launch, done)``: what the control
+        policy hears of it, ``(seq, computed_for, taken, waiting)`` as in
+        :class:`~.messages.Post` (or None), a sync round to launch (or None),
+        and whether ``waiter`` is already satisfied."""
         self.check_idle()
         if self.sync and self.flush_begun is not None:
             raise MismatchError(self._unequal_posts(self.started))
@@ -137,12 +139,11 @@ class RankStream:
         else:
             self.waiter = waiter
             done = False
-        msg = None
-        if registered:  # the first post travels as the registration itself
-            msg = Post(self.rank, self.id, self.seq, computed_for, self.taken, not done)
+        # the first post travels as the registration itself
+        report = (self.seq, computed_for, self.taken, not done) if registered else None
         if done:
             self._own_pending()
-        return msg, None, done
+        return report, None, done
 
     def flush(self, waiter: Waiter) -> Flush:
         self.check_idle()
@@ -173,23 +174,26 @@ class RankStream:
             launch = Launch(self.started, None, start)
             self.started += 1
             return launch
-        if start.round != self.started:
-            raise AssertionError(f"stream {self.name!r}: expected round {self.started}, got {start.round}")
+        P = self.world_size
+        facts = np.zeros(3 * P, dtype=np.int64)
+        if self.pending:
+            facts[self.rank] = 1
+            facts[P + self.rank] = start.round - self.pending[0].computed_for
+            facts[2 * P + self.rank] = self.pending[-1].seq
+        return self.join(start.round, facts, start)
+
+    def join(self, round_number: int, facts: np.ndarray, start: Start | None = None) -> Launch:
+        """This rank joins ``round_number`` with everything posted and not yet
+        contributed, and with its ``facts`` (the decentralized plane's, or the
+        coordinator's ``start`` filled in by :meth:`on_start`)."""
+        if round_number != self.started:
+            raise AssertionError(f"stream {self.name!r}: expected round {self.started}, got {round_number}")
         self.started += 1
         # Everything posted before this message reached the engine joins the round.
         items = list(self.pending)
         self.pending.clear()
-        if start.local_facts is not None:
-            facts = start.local_facts.reshape(-1)
-        else:
-            P = self.world_size
-            facts = np.zeros(3 * P, dtype=np.int64)
-            if items:
-                facts[self.rank] = 1
-                facts[P + self.rank] = start.round - items[0].computed_for
-                facts[2 * P + self.rank] = items[-1].seq
         send, owned = self._combine(items)
-        return Launch(start.round, [*send, facts], start, with_facts=True, owned=[*owned, True])
+        return Launch(round_number, [*send, facts], start, with_facts=True, owned=[*owned, True])
 
     def complete(self, launch: Launch, reduced: list | None) -> Waiter | None:
         """A round finished with the reduced ``buffers`` (None: nothing was
@@ -278,7 +282,7 @@ class RankStream:
         (the decentralized plane)."""
         if self.read_facts is None or self.last_facts is None:
             return None
-        return self.last_facts.reshape(FIELDS, self.world_size)[KNOWN_TAKEN]
+        return self.last_facts[KNOWN_TAKEN]
 
     @property
     def lag(self) -> int:

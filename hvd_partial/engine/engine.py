@@ -231,7 +231,8 @@ class Engine:
             worked = True
         worked |= self._dispatch.deliver(self._pacing.take_ring())
         worked |= self._reductions.progress()
-        if self._held_floods:
+        held = self._held_floods
+        if held and held[0][0] <= time.perf_counter():  # the oldest held flood's delay passed
             worked |= self._release_held_floods()
         worked |= self._helpers.progress()
         self._pacing.unsent = self.transport.progress_sends()
@@ -352,10 +353,8 @@ class Engine:
         self._reductions.launch(stream, launch)
 
     def reduced(self, stream: RankStream, launch: Launch, result: RoundResult) -> None:
-        known = stream.last_known_taken()  # decentralized plane: the lags travel in the round's facts
-        if known is not None:
-            self.stats.known_taken(stream.name, launch.round, known)
-        self.stats.round_completed(stream.name, result)
+        # (decentralized plane: the lags travel in the round's facts)
+        self.stats.round_completed(stream.name, result, stream.last_known_taken())
         if self.timeline is not None:
             self.timeline.reduced(stream.name, launch, result)
 

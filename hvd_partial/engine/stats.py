@@ -67,9 +67,14 @@ class StatsRecorder:
             stream = self._streams[name] = StreamStats(self.world_size)
         return stream
 
-    def round_completed(self, name: str, result) -> None:
+    def round_completed(self, name: str, result, known_taken: np.ndarray | None = None) -> None:
+        """A round of ``name`` completed with ``result``; ``known_taken``: the
+        rounds each rank had taken when it joined (from the round's facts, on
+        the decentralized plane; a waiting post counts as taken): the lags."""
         with self._lock:
             s = self._get(name)
+            if known_taken is not None:
+                s.lag = (result.round, known_taken)
             s.rounds += 1
             s.rows.append(result.staleness_row(self.world_size))
             if len(s.rows) >= self._fold_rows:
@@ -82,12 +87,6 @@ class StatsRecorder:
         if lag:
             with self._lock:
                 self._get(name).lag = list(lag)
-
-    def known_taken(self, name: str, round_number: int, known_taken: np.ndarray) -> None:
-        """The rounds each rank had taken when it joined ``round_number``
-        (from its reduced facts; a waiting post counts as taken): the lags."""
-        with self._lock:
-            self._get(name).lag = (round_number, known_taken)
 
     def post_finished(self, name: str, wait_seconds: float) -> None:
         with self._lock:

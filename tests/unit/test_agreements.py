@@ -14,6 +14,7 @@ from hvd_partial.core.activation import max_hops
 from hvd_partial.core.decentral.agreement import Agreements
 from hvd_partial.core.fusion import Layout
 from hvd_partial.core.messages import Closed, FlushBegun, Registered, Rejected, Start, StreamSignature
+from hvd_partial.core.round_result import RoundResult
 from hvd_partial.engine.stats import StatsRecorder
 from hvd_partial.errors import MismatchError
 from hvd_partial.modes import Majority, Solo, Sum, Sync
@@ -186,7 +187,8 @@ def test_the_lag_of_each_rank_is_read_from_the_round_facts():
     def lags_seen_by_rank_0():
         stats = StatsRecorder(3)
         stream = world.ranks[0].stream
-        stats.known_taken(stream.name, stream.completed - 1, stream.last_known_taken())
+        latest = RoundResult(stream.completed - 1, None, staleness_row=np.ones(3, np.int64))
+        stats.round_completed(stream.name, latest, stream.last_known_taken())
         return stats.snapshot()[stream.name]["lag"]
 
     for j in range(3):

@@ -25,7 +25,7 @@ def empty_facts(world_size: int) -> np.ndarray:
     return np.zeros((FIELDS, world_size), dtype=np.int64)
 
 
-@dataclass
+@dataclass(slots=True)
 class RoundView:
     """What every rank knows, identically, about round ``round`` before it starts.
 

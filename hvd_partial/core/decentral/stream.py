@@ -88,14 +88,14 @@ from .gather import Gather, position_in_sorted
 from .messages import Activate, Complete, Defer, Gathered, Join, Ready, Rejected, ReleaseActivation, Send
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     seq: int
     computed_for: int
     payload: object
 
 
-@dataclass
+@dataclass(slots=True)
 class _Held:
     """This rank's state of the next round while it is not yet started."""
 
@@ -331,10 +331,11 @@ class DecentralStream:
             elif len(view.blockers):
                 held.stale = Gather.member("stale", view.blockers, me, position_in_sorted(view.blockers, me))
         self.held = held
-        for source, msg in self.early.pop(view.round, []):
-            self._apply(held, source, msg)
-        for r in [r for r in self.early if r <= view.round]:
-            del self.early[r]
+        if self.early:  # (rarely: notices that came before this rank completed the round before)
+            for source, msg in self.early.pop(view.round, []):
+                self._apply(held, source, msg)
+            for r in [r for r in self.early if r <= view.round]:
+                del self.early[r]
 
     def _apply(self, held: _Held, source: int, msg) -> None:
         if isinstance(msg, Gathered):
@@ -359,6 +360,8 @@ class DecentralStream:
         held = self.held
         if self.failure is not None or held is None or self.activation.heard(held.view.round):
             return []
+        if not self.pending and self.waiter is None and not self.flushing:
+            return []  # (most completions) every gather, notice and start below needs one of these
         view = held.view
         if view.registration and self.external_registration:
             return []
@@ -524,8 +527,9 @@ class DecentralStream:
         facts[INITIATED, me] = 1 if initiated else 0
         if self.held is not None and self.held.view.round <= r:
             self.held = None
-        for early in [k for k in self.early if k <= r]:  # notices for a round that has started
-            del self.early[early]
+        if self.early:
+            for early in [k for k in self.early if k <= r]:  # notices for a round that has started
+                del self.early[early]
         return Join(r, [item.payload for item in items], facts)
 
     def _take(self) -> list:
