@@ -158,9 +158,24 @@ class Majority(Mode):
 
 
 def designated_initiator(seed: int, stream: str, round_number: int, world_size: int) -> int:
-    # blake2b rather than hash(): Python salts str hashes per process.
-    digest = hashlib.blake2b(f"{seed}\0{stream}\0{round_number}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % world_size
+    return DesignatedInitiators(seed, stream, world_size)(round_number)
+
+
+class DesignatedInitiators:
+    """:func:`designated_initiator` of every round of one stream (asked every
+    round): the hash of the fixed ``seed`` and ``stream`` is computed once."""
+
+    __slots__ = ("_prefix", "_world_size")
+
+    def __init__(self, seed: int, stream: str, world_size: int):
+        # blake2b rather than hash(): Python salts str hashes per process.
+        self._prefix = hashlib.blake2b(f"{seed}\0{stream}\0".encode(), digest_size=8)
+        self._world_size = world_size
+
+    def __call__(self, round_number: int) -> int:
+        digest = self._prefix.copy()
+        digest.update(str(round_number).encode())
+        return int.from_bytes(digest.digest(), "little") % self._world_size
 
 
 def mode_from_description(description: tuple) -> Mode:

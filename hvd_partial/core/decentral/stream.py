@@ -80,7 +80,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import EngineError, MismatchError, StreamConflictError
-from ...modes import designated_initiator
+from ...modes import DesignatedInitiators
 from ..activation import Activation
 from ..round_result import RoundResult, any_data
 from .facts import FLUSHING, INITIATED, KNOWN_TAKEN, STALENESS, RoundView, empty_facts, round_facts
@@ -170,6 +170,8 @@ class DecentralStream:
         self.early: dict[int, list] = {}  # round -> messages for it that came before its view
         self._last_joined = -1
         self._designated_cache = (-1, -1)
+        self._initiators = DesignatedInitiators(seed, name, world_size)
+        self._only_me = np.array([rank])  # the steady state's majority gather, at its designated rank
         self._flush_results: list = []
         self._hold(self.view)
 
@@ -316,7 +318,7 @@ class DecentralStream:
                 d = self._designated(view.round)
                 held.designated = d
                 if not len(view.blockers):  # the steady state: a gather of the designated rank alone
-                    order, position = np.array([d]), 0 if me == d else None
+                    order, position = self._only_me, 0 if me == d else None
                 else:
                     others = view.blockers[view.blockers != d]
                     order = np.concatenate([np.array([d], dtype=np.int64), others])
@@ -425,8 +427,7 @@ class DecentralStream:
         """Majority's designated initiator of ``round_number`` (asked twice per round: cached)."""
         cached = self._designated_cache
         if cached[0] != round_number:
-            cached = self._designated_cache = (round_number, designated_initiator(
-                self.seed, self.name, round_number, self.world_size))
+            cached = self._designated_cache = (round_number, self._initiators(round_number))
         return cached[1]
 
     def _reject(self, mismatch: tuple) -> list:
