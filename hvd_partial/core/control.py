@@ -13,13 +13,14 @@ policy and hands it the peer messages the driver itself does not handle.
 
 A policy's methods: ``report(message)`` (this rank's Register, Flush or
 Goodbye), ``posted(stream, seq, computed_for, taken, waiting)`` (this rank's
-post, as in :class:`~hvd_partial.core.messages.Post`), ``on_message(source, message)`` (a peer message the driver does not
-handle itself), ``registered(stream)``, ``round_completed(stream, launch,
-result)``, ``shutdown_ready()``, ``fail(error)`` and
-``decides_completion(stream)`` (whether a completion feeds a decision at this
-rank, for the simulator's cost model) and ``awaiting_start(stream_id, round)``
-(whether this rank joined that round before hearing that it started: its
-reduction cannot finish before then, so the host may nap). It acts by ``send(dest, message)``
+post, as in :class:`~hvd_partial.core.messages.Post`), ``on_message(source,
+message)`` (a peer message the driver does not handle itself),
+``registered(stream)``, ``round_completed(stream, launch, result)``,
+``shutdown_ready()``, ``fail(error)``, ``decides_completion(stream)``
+(whether a completion feeds a decision at this rank, for the simulator's
+cost model) and ``awaiting_start(stream_id, round)`` (whether this rank
+joined that round before hearing that it started: its reduction cannot
+finish before then, so the host may nap). It acts by ``send(dest, message)``
 (its decisions for its own rank are messages to itself) and, for the
 decentralized policy, ``start(stream_id, round, facts)``.
 
