@@ -47,8 +47,8 @@ class Launch:
 
     round: int
     send: list | None
-    facts: Start | None  # None for sync rounds (all ranks, fresh)
-    with_facts: bool = False
+    facts: Start | None  # the coordinator's Start; None for sync and decentralized rounds
+    with_facts: bool = False  # solo and majority rounds: the last buffer of send is the facts
     owned: list | None = None  # set whenever send is
 
 

@@ -161,7 +161,7 @@ class Timeline:
         if send is not None and getattr(launch, "with_facts", False):
             send = send[:-1]  # the last buffer carries the round's facts, not data
         nbytes = sum(b.nbytes for b in send) if send is not None else 0
-        if facts is not None or launch.with_facts:  # (decentralized rounds carry their facts in the data)
+        if facts is not None or launch.with_facts:  # (a decentralized round has no Start, only its facts)
             contributors = "[" + ",".join(map(str, result.contributors)) + "]"
             stale = max(result.staleness.values(), default=0)
             args = (f'{{"stream":{cat},"round":{_j(launch.round)},"initiator":{_j(result.initiator)},'
