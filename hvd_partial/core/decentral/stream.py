@@ -100,6 +100,8 @@ class _Held:
     """This rank's state of the next round while it is not yet started."""
 
     view: RoundView
+    # the round comes in balanced training (see DecentralStream._balanced): fixed when held, alike on every rank
+    balanced: bool = False
     stale: Gather | None = None  # registration or staleness gather
     flush: Gather | None = None  # made on first need (see DecentralStream._flush_gather)
     flush_made: bool = False
@@ -308,28 +310,16 @@ class DecentralStream:
 
     def _hold(self, view: RoundView):
         """Set up this rank's part in starting round ``view.round``."""
-        held = _Held(view)
+        held = _Held(view, self._balanced(view))
         me = self.rank
         if view.registration:
             held.stale = Gather.member("register", view.blockers, me, me)
             held.signature, held.first = self.signature, me
         else:
             if self.kind == "majority":
-                d = self._designated(view.round)
-                held.designated = d
-                if not len(view.blockers):  # the steady state: a gather of the designated rank alone
-                    order, position = self._only_me, 0 if me == d else None
-                else:
-                    others = view.blockers[view.blockers != d]
-                    order = np.concatenate([np.array([d], dtype=np.int64), others])
-                    if me == d:
-                        position = 0
-                    else:
-                        p = position_in_sorted(others, me)
-                        position = None if p is None else p + 1
-                held.stale = Gather.member("stale", order, me, position)
-                if held.stale is not None and position == 0:
-                    held.stale.ready = True  # the designated initiator's own conditions are checked apart
+                held.designated = d = self._designated(view.round)
+                if not held.balanced:  # (a balanced round is decided by _progress_balanced, with no gather)
+                    held.stale = self._majority_gather(view, d)
             elif len(view.blockers):
                 held.stale = Gather.member("stale", view.blockers, me, position_in_sorted(view.blockers, me))
         self.held = held
@@ -338,6 +328,25 @@ class DecentralStream:
                 self._apply(held, source, msg)
             for r in [r for r in self.early if r <= view.round]:
                 del self.early[r]
+
+    def _majority_gather(self, view: RoundView, d: int) -> Gather | None:
+        """This rank's part in the staleness gather of a majority round: the
+        designated initiator ``d`` first, then the blockers."""
+        me = self.rank
+        if not len(view.blockers):  # a gather of the designated rank alone
+            order, position = self._only_me, 0 if me == d else None
+        else:
+            others = view.blockers[view.blockers != d]
+            order = np.concatenate([np.array([d], dtype=np.int64), others])
+            if me == d:
+                position = 0
+            else:
+                p = position_in_sorted(others, me)
+                position = None if p is None else p + 1
+        gather = Gather.member("stale", order, me, position)
+        if gather is not None and position == 0:
+            gather.ready = True  # the designated initiator's own conditions are checked apart
+        return gather
 
     def _apply(self, held: _Held, source: int, msg) -> None:
         if isinstance(msg, Gathered):
@@ -364,6 +373,8 @@ class DecentralStream:
             return []
         if not self.pending and self.waiter is None and not self.flushing:
             return []  # (most completions) every gather, notice and start below needs one of these
+        if held.balanced:
+            return self._progress_balanced(held)
         view = held.view
         if view.registration and self.external_registration:
             return []
@@ -372,13 +383,11 @@ class DecentralStream:
         out: list = []
         if held.stale is not None and not held.stale.ready:
             held.stale.ready = holds if view.registration else (holds or self.flushing)
-        balanced = self._may_hold_back(held)
         if self.flushing:
             flush = self._flush_gather(held)
             if flush is not None:
                 flush.ready = True
-        # In balanced training every flushing rank joins round c itself: no flush gather.
-        for gather in (held.stale, None if balanced else held.flush):
+        for gather in (held.stale, held.flush):
             if gather is not None and not gather.reported and gather.complete():
                 gather.reported = True
                 if gather.is_root:
@@ -398,18 +407,8 @@ class DecentralStream:
                 held.told_holds |= tell_holds
                 held.told_flushing |= tell_flushing
                 out.append(Send(d, Ready(c, holds=holds, flushing=self.flushing)))
-        if self._may_start(held, holds, balanced):
-            if balanced:
-                out += self._hold_back(c)
-            else:
-                out += self._start(c, initiated=not view.registration)
-        elif d is not None and d != self.rank and self.waiter is not None and balanced and (
-                (holds and self.waiter[0] == "post") or self.flushing):
-            out += self._join_early(c)
-        else:
-            return out
-        if self.flushing and balanced:
-            self.joined_at_flush += 1
+        if self._may_start(held, holds):
+            out += self._start(c, initiated=not view.registration)
         return out
 
     def _flush_gather(self, held: _Held) -> Gather | None:
@@ -439,7 +438,7 @@ class DecentralStream:
         msg = Rejected(reason)
         return [Send(n, msg) for n in self.activation.neighbours] + self.fail(MismatchError(reason))
 
-    def _may_start(self, held: _Held, holds: bool, balanced: bool) -> bool:
+    def _may_start(self, held: _Held, holds: bool) -> bool:
         view = held.view
         stale_done = held.stale is not None and held.stale.is_root and held.stale.reported
         if view.registration:
@@ -448,9 +447,7 @@ class DecentralStream:
             return True  # every rank is flushing: this is the flush round
         if self.kind == "solo":
             if held.stale is None and not len(view.blockers):
-                # a waiting post starts it; so does a flush in balanced training, where every
-                # rank flushes at about the same time (the round is the flush round if all do)
-                return self.waiter is not None and (self.waiter[0] == "post" or balanced)
+                return self.waiter is not None and self.waiter[0] == "post"  # a waiting post starts it
             return stale_done
         d = held.designated
         if d != self.rank:
@@ -474,15 +471,34 @@ class DecentralStream:
         sends = self.activation.start(c)
         return [Send(n, Activate(c)) for n in sends] + [self._join(c, initiated)]
 
-    def _may_hold_back(self, held: _Held) -> bool:
-        """Whether round ``held.view.round`` comes in balanced training, where
+    def _balanced(self, view: RoundView) -> bool:
+        """Whether round ``view.round`` comes in balanced training, where
         every rank is about to start or join it too, at a post or a flush.
         Only local state beyond the view: every rank decides alike."""
-        view = held.view
-        # (majority's staleness gather is always there, of the designated rank alone without blockers)
-        return (self.defer_activations and self._last_full and not len(view.blockers)
-                and (held.stale is None or self.kind == "majority")
+        return (self.defer_activations and self._last_full and not view.registration and not len(view.blockers)
                 and len(view.training) == self.world_size)
+
+    def _progress_balanced(self, held: _Held) -> list:
+        """``_progress`` for a round of balanced training (no blockers, nobody
+        flushing in the view, no quorum): no gather and no notice, so the
+        round is started, held back, at once by whoever may start it. A
+        flushing rank joins it too, without the flush gather."""
+        waiter = self.waiter
+        if self.kind == "solo":
+            if waiter is None:  # pending data with no post waiting: another rank's round takes it
+                return []
+            out = self._hold_back(held.view.round)
+        elif held.designated == self.rank:
+            if not self.pending and not self.flushing:
+                return []
+            out = self._hold_back(held.view.round)
+        elif waiter is not None and ((self.pending and waiter[0] == "post") or self.flushing):
+            out = self._join_early(held.view.round)
+        else:
+            return []
+        if self.flushing:
+            self.joined_at_flush += 1
+        return out
 
     def _hold_back(self, c: int) -> list:
         self.activation.start(c)
