@@ -67,11 +67,11 @@ class RoundView:
         P = facts.shape[1]
         flushing_row = facts[FLUSHING]
         if not np.count_nonzero(flushing_row):
-            # Nobody joined flushing (the steady state): everyone trains. (The plain ufunc
-            # calls skip ndarray.any/min's Python wrappers: this runs every round.)
+            # Nobody joined flushing (the steady state): everyone trains. (argmin skips the
+            # ufunc reduction machinery of min(), about 0.5 us: this runs every round.)
             known = facts[KNOWN_TAKEN]
             lowest = r - max_staleness + 1
-            blockers = _EMPTY if np.minimum.reduce(known) >= lowest else np.flatnonzero(known < lowest)
+            blockers = _EMPTY if known[known.argmin()] >= lowest else np.flatnonzero(known < lowest)
             return cls(r, _everyone(P), blockers, known, _nobody(P))
         if is_flush_round(facts, flushes_done - 1) and last_flush_round == round_number:
             # the flush round: every rank took everything and trains again
