@@ -96,6 +96,14 @@ class Activation:
         """This rank starts ``round_number`` itself."""
         return self._first(round_number, source=None)
 
+    def start_held(self, round_number: int) -> None:
+        """This rank starts ``round_number`` itself but sends nothing now (its
+        flood is held back: :meth:`still_to_tell` says where it goes later)."""
+        if round_number != self.latest + 1:
+            raise EngineError(f"rank {self.rank}: starts round {round_number} after round {self.latest}")
+        self.latest = round_number
+        self.heard_from = set()
+
     def receive(self, round_number: int, source: int) -> list[int]:
         """An activation of ``round_number`` arrived from neighbour ``source``."""
         return self._first(round_number, source)

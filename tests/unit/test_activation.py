@@ -98,6 +98,15 @@ def test_duplicates_and_order_are_checked():
         a.receive(3, 1)  # round 2 was never heard
 
 
+def test_a_held_start_sends_nothing_until_released():
+    a = Activation(5, 7)
+    assert a.start_held(0) is None and a.heard(0)
+    assert a.receive(0, 4) == []  # a duplicate: the round is this rank's already
+    assert a.still_to_tell(0) == [1]  # the released flood skips the neighbour heard from
+    with pytest.raises(EngineError):
+        a.start_held(2)  # round 1 was never started here
+
+
 def binomial_flood(P, starts, delay):
     """Each initiator broadcasts along the binomial tree rooted at itself; a
     rank forwards only along the tree of the first activation it hears."""

@@ -368,11 +368,11 @@ class DecentralStream:
             raise EngineError(f"rank {self.rank}: unexpected message {msg!r}")
 
     def _progress(self) -> list:
-        held = self.held
-        if self.failure is not None or held is None or self.activation.heard(held.view.round):
-            return []
         if not self.pending and self.waiter is None and not self.flushing:
             return []  # (most completions) every gather, notice and start below needs one of these
+        held = self.held
+        if self.failure is not None or held is None or held.view.round <= self.activation.latest:
+            return []  # failed, or the round started here already
         if held.balanced:
             return self._progress_balanced(held)
         view = held.view
@@ -501,7 +501,7 @@ class DecentralStream:
         return out
 
     def _hold_back(self, c: int) -> list:
-        self.activation.start(c)
+        self.activation.start_held(c)
         self.held_back = c
         self.floods_held += 1
         return [Defer(c), self._join(c, initiated=True)]
@@ -509,7 +509,7 @@ class DecentralStream:
     def _join_early(self, c: int) -> list:
         """Majority: join round ``c`` before its designated rank starts it (see
         the module docstring); flood only once an activation of it arrives."""
-        self.activation.start(c)
+        self.activation.start_held(c)
         self.held_back = self.awaiting_start = c
         self.joined_early += 1
         return [self._join(c, initiated=False)]
