@@ -35,10 +35,16 @@ script
    (vector work over P ranks) is priced by ``view_per_rank_s``, timed here
    in-process on the real code when the network file lacks it.
 
+The decentralized plane runs with the engine's activation delay
+(``--activation-delay-us``, 2 ms by default, as ``activation_delay_us``; 0
+floods every activation at once); ``--planes-compared decentral`` leaves
+rank 0's coordinator out of the comparison (its columns read "not run").
+
     python benchmarks/paper_scale.py                       # 1-3, ~6 minutes
     python benchmarks/paper_scale.py --skip-calibration    # reuse the fitted model
     python benchmarks/paper_scale.py --quick               # a smoke run
     python benchmarks/paper_scale.py --skip-calibration --planes-only   # 4 alone
+    python benchmarks/paper_scale.py --skip-calibration --planes-only --planes-compared decentral
 
 Writes to benchmarks/results/new/ (git ignores it; copy over benchmarks/results/ to publish)
 paper_scale.{json,md}, paper_scale_network.json and
@@ -67,6 +73,7 @@ for path in (ROOT, HERE):
 
 from paper_throughput import MODE_LABELS, MODES, compute_for, machine, mode_for  # noqa: E402
 
+from hvd_partial.config import Config  # noqa: E402
 from hvd_partial.core.messages import Start  # noqa: E402
 from hvd_partial.sim import NetworkModel, random_delays, simulate  # noqa: E402
 from hvd_partial.sim.cluster import ClusterSimulator  # noqa: E402
@@ -343,17 +350,23 @@ def calibrate(sizes: list[int], iters: int, gap_s: float, timeout: float, host_b
 
 # ===== 2. validation ==============================================================================
 
-def simulate_row(row: dict, net: NetworkModel, plane: str = "central"):
+def delay_for(plane: str, delay_us: float) -> float:
+    """The activation delay (seconds) the simulator runs under ``plane``: only the decentralized plane holds floods."""
+    return delay_us / 1e6 if plane == "decentral" else 0.0
+
+
+def simulate_row(row: dict, net: NetworkModel, plane: str = "central", delay_us: float = 0.0):
     p = row["P"]
     return simulate(p, mode_for(row["mode"], p, row["seed"]), row["tau"], row["steps"], compute_for(row["schedule"], p),
-                    net, nbytes=row["nbytes"], deadline_s=row.get("deadline_s"), control_plane=plane)
+                    net, nbytes=row["nbytes"], deadline_s=row.get("deadline_s"), control_plane=plane,
+                    activation_delay_s=delay_for(plane, delay_us))
 
 
-def validate(rows: list[dict], calibration: dict, plane: str = "central") -> list[dict]:
+def validate(rows: list[dict], calibration: dict, plane: str = "central", delay_us: float = 0.0) -> list[dict]:
     """Simulate every measured case of experiment 1 under control plane ``plane`` (the one the real runs used)."""
     out = []
     for row in rows:
-        sim = simulate_row(row, network_at(calibration, row["P"]), plane)
+        sim = simulate_row(row, network_at(calibration, row["P"]), plane, delay_us)
         measured_posts, measured_rounds = row["posts"] / row["seconds"], row["rounds"] / row["seconds"]
         out.append({
             "sweep": row["sweep"], "P": row["P"], "mode": row["mode"], "tau": row["tau"], "schedule": row["schedule"],
@@ -425,7 +438,7 @@ def project(args, net: NetworkModel, plane: str = "central") -> list[dict]:
         tau = 0 if case["mode"] == "sync" else args.max_staleness
         t = time.time()
         sim = simulate(p, mode_for(case["mode"], p, args.seed), tau, args.proj_steps, compute, net, nbytes=args.nbytes,
-                       control_plane=plane)
+                       control_plane=plane, activation_delay_s=delay_for(plane, args.activation_delay_us))
         row = {**case, "tau": tau, "rounds": sim.rounds, "seconds": sim.seconds, "posts": sim.posts,
                "posts_per_s": sim.posts_per_second, "rounds_per_s": sim.rounds_per_second,
                "staleness_mean": sim.staleness_mean, "staleness_max": sim.staleness_max,
@@ -433,7 +446,7 @@ def project(args, net: NetworkModel, plane: str = "central") -> list[dict]:
                "sim_wall_s": time.time() - t}
         if case["mode"] in ("sync", "solo"):  # the same with free communication (replay)
             free = simulate(p, mode_for(case["mode"], p), tau, args.proj_steps, compute, NetworkModel.free(),
-                            control_plane=plane)
+                            control_plane=plane, activation_delay_s=delay_for(plane, args.activation_delay_us))
             row["free_posts_per_s"] = free.posts_per_second
         out.append(row)
         print(f"  {plane:>9} P={p:5d} {case['pattern']:>16} {case['mode']:>10}: {row['posts_per_s']:9.1f} posts/s, "
@@ -485,16 +498,18 @@ def compare_planes(args, net: NetworkModel) -> list[dict]:
     step_s, delay_s = args.step_ms / 1000, args.delay_ms / 1000
     for case in planes_cases(args):
         p, k, steps = case["P"], case["delayed_per_step"], case["steps"]
-        for plane in PLANES:
+        for plane in args.planes_compared.split(","):
+            held = delay_for(plane, args.activation_delay_us)
             for mode in ("sync", "solo"):
                 compute = random_delays(p, step_s, delay_s if k else 0.0, args.seed, max(1, k))
                 tau = 0 if mode == "sync" else args.max_staleness
                 t = time.time()
                 sim = simulate(p, mode_for(mode, p, args.seed), tau, steps, compute, net, nbytes=args.nbytes,
-                               control_plane=plane)
+                               control_plane=plane, activation_delay_s=held)
                 wall = time.time() - t
                 free = None if args.planes_free == "none" else simulate(
-                    p, mode_for(mode, p, args.seed), tau, steps, compute, NetworkModel.free(), control_plane=plane)
+                    p, mode_for(mode, p, args.seed), tau, steps, compute, NetworkModel.free(), control_plane=plane,
+                    activation_delay_s=held)
                 row = {**case, "control_plane": plane, "mode": mode, "tau": tau, "rounds": sim.rounds,
                        "seconds": sim.seconds, "posts": sim.posts, "posts_per_s": sim.posts_per_second,
                        "rounds_per_s": sim.rounds_per_second, "staleness_mean": sim.staleness_mean,
@@ -523,6 +538,7 @@ def _planes_by(rows):
 
 
 def planes_table(rows: list[dict]) -> str:
+    """Solo over sync per plane; a plane the run left out (``--planes-compared``) shows 'not run'."""
     by = _planes_by(rows)
     lines = ["| P | pattern | steps | sync posts/s | solo/sync, central | solo/sync, decentral | "
              "free-communication ceiling | decentral / ceiling | after round 0: solo/sync, central / decentral | "
@@ -530,38 +546,44 @@ def planes_table(rows: list[dict]) -> str:
              "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     keys = sorted({(r["P"], r["pattern"]) for r in rows}, key=lambda k: (k[1] != "1 rank/step", k[0], k[1]))
     for p, pattern in keys:
-        ratio, busy = {}, {}
+        ratio, busy, steady, ceilings, steps, sync_rate = {}, {}, {}, {}, None, None
         for plane in PLANES:
-            sync, solo = by[(p, pattern, plane, "sync")], by[(p, pattern, plane, "solo")]
+            sync, solo = by.get((p, pattern, plane, "sync")), by.get((p, pattern, plane, "solo"))
+            if sync is None or solo is None:
+                continue
             ratio[plane] = solo["posts_per_s"] / sync["posts_per_s"]
             busy[plane] = solo["busy_max"]
-        sync, solo = by[(p, pattern, "decentral", "sync")], by[(p, pattern, "decentral", "solo")]
-        c_sync, c_solo = by[(p, pattern, "central", "sync")], by[(p, pattern, "central", "solo")]
-        if solo["free_posts_per_s"] is None:
-            ceiling = None
+            steady[plane] = solo["steady_posts_per_s"] / sync["steady_posts_per_s"]
+            if solo["free_posts_per_s"] is not None:
+                ceilings[plane] = solo["free_posts_per_s"] / sync["free_posts_per_s"]
+            if steps is None or plane == "decentral":
+                steps, sync_rate = solo["steps"], sync["posts_per_s"]
+        ceiling = ceilings.get("decentral", ceilings.get("central"))
+        if ceiling is None:
             ceiling_cell = "not run"
+        elif "central" in ceilings and "decentral" in ceilings and abs(ceilings["central"] - ceiling) >= 0.005:
+            ceiling_cell = f"{ceiling:.2f}x ({ceilings['central']:.2f}x central)"
         else:
-            ceiling = solo["free_posts_per_s"] / sync["free_posts_per_s"]
-            c_ceiling = c_solo["free_posts_per_s"] / c_sync["free_posts_per_s"]
-            ceiling_cell = (f"{ceiling:.2f}x" if abs(ceiling - c_ceiling) < 0.005
-                            else f"{ceiling:.2f}x ({c_ceiling:.2f}x central)")
-        steady = {plane: by[(p, pattern, plane, "solo")]["steady_posts_per_s"]
-                  / by[(p, pattern, plane, "sync")]["steady_posts_per_s"] for plane in PLANES}
+            ceiling_cell = f"{ceiling:.2f}x"
+        mine = ratio.get("decentral")
         target = TARGETS.get((pattern, p))
-        if pattern == "balanced":
-            goal = f">= 0.9x: {'met' if ratio['decentral'] >= 0.9 else 'missed'}"
+        if mine is None:
+            goal = "-"
+        elif pattern == "balanced":
+            goal = f">= 0.9x: {'met' if mine >= 0.9 else 'missed'}"
         elif pattern.startswith("P/32") and ceiling is not None:
-            goal = f">= 0.9 of ceiling: {'met' if ratio['decentral'] / ceiling >= 0.9 else 'missed'}"
+            goal = f">= 0.9 of ceiling: {'met' if mine / ceiling >= 0.9 else 'missed'}"
         elif target is not None:
-            goal = f">= {target:g}x: {'met' if ratio['decentral'] >= target else 'missed'}"
+            goal = f">= {target:g}x: {'met' if mine >= target else 'missed'}"
         else:
             goal = "-"
-        fmt = lambda b: "saturated" if b >= 0.99 else f"{b:.0%}"  # noqa: E731
-        of_ceiling = "-" if ceiling is None else f"{ratio['decentral'] / ceiling:.2f}"
-        lines.append(f"| {p} | {pattern} | {solo['steps']} | {sync['posts_per_s']:.0f} | {ratio['central']:.2f}x | "
-                     f"{ratio['decentral']:.2f}x | {ceiling_cell} | {of_ceiling} | "
-                     f"{steady['central']:.2f}x / {steady['decentral']:.2f}x | "
-                     f"{fmt(busy['central'])} / {fmt(busy['decentral'])} | {goal} |")
+        fmt = lambda b: "not run" if b is None else ("saturated" if b >= 0.99 else f"{b:.0%}")  # noqa: E731
+        cell = lambda d, plane: "not run" if plane not in d else f"{d[plane]:.2f}x"  # noqa: E731
+        of_ceiling = "-" if ceiling is None or mine is None else f"{mine / ceiling:.2f}"
+        lines.append(f"| {p} | {pattern} | {steps} | {sync_rate:.0f} | {cell(ratio, 'central')} | "
+                     f"{cell(ratio, 'decentral')} | {ceiling_cell} | {of_ceiling} | "
+                     f"{cell(steady, 'central')} / {cell(steady, 'decentral')} | "
+                     f"{fmt(busy.get('central'))} / {fmt(busy.get('decentral'))} | {goal} |")
     return "\n".join(lines)
 
 
@@ -571,10 +593,14 @@ def planes_messages_table(rows: list[dict]) -> str:
              "decentral: mean | decentral busiest / log2 P |",
              "|---:|---:|---:|---:|---:|---:|---:|"]
     for p in sorted({r["P"] for r in rows}):
-        c, d = by[(p, "1 rank/step", "central", "solo")], by[(p, "1 rank/step", "decentral", "solo")]
-        lines.append(f"| {p} | {math.log2(p):.0f} | {c['messages_per_round_max']:.1f} | {c['messages_per_round_mean']:.1f} | "
-                     f"{d['messages_per_round_max']:.1f} | {d['messages_per_round_mean']:.1f} | "
-                     f"{d['messages_per_round_max'] / math.log2(p):.2f} |")
+        cells = []
+        for plane in PLANES:
+            r = by.get((p, "1 rank/step", plane, "solo"))
+            cells += (["not run"] * 2 if r is None
+                      else [f"{r['messages_per_round_max']:.1f}", f"{r['messages_per_round_mean']:.1f}"])
+        d = by.get((p, "1 rank/step", "decentral", "solo"))
+        per_log = "-" if d is None else f"{d['messages_per_round_max'] / math.log2(p):.2f}"
+        lines.append(f"| {p} | {math.log2(p):.0f} | " + " | ".join(cells) + f" | {per_log} |")
     return "\n".join(lines)
 
 
@@ -683,6 +709,12 @@ def main(argv=None):
                              "file with it (to results/new/ when --network is a published file)")
     parser.add_argument("--planes-free", choices=("all", "none"), default="all",
                         help="none: skip the free-communication runs of the comparison (slow at 4,096 ranks)")
+    parser.add_argument("--planes-compared", default=",".join(PLANES),
+                        help="the control planes the comparison runs (comma-separated; a plane left out shows "
+                             "'not run')")
+    parser.add_argument("--activation-delay-us", type=float, default=Config().activation_delay_us,
+                        help="the decentralized plane's activation delay in the simulation (the engine's default; "
+                             "0: every flood at once)")
     args = parser.parse_args(argv)
     if args.calibrate_worker:
         out, iters, gap, host_bytes = args.calibrate_worker
@@ -748,7 +780,8 @@ def main(argv=None):
         rows = [r for r in exp1["rows"] if 2 <= r["P"] <= 8]
         print(f"validating against {len(rows)} cases of {os.path.relpath(args.throughput, ROOT)} ...", flush=True)
         # Experiment 1's runs say which control plane their engine ran (files from before it existed: central).
-        val = validate(rows, calibration, exp1.get("machine", {}).get("control_plane", "central"))
+        val = validate(rows, calibration, exp1.get("machine", {}).get("control_plane", "central"),
+                       args.activation_delay_us)
         summary = validation_summary(val)
     else:
         print(f"no {args.throughput}: run benchmarks/paper_throughput.py first; skipping the validation")
@@ -799,14 +832,16 @@ def main(argv=None):
                   validation_table(val)]
     for plane in planes if proj else ():
         lines += ["", f"### Projection ({args.proj_steps} steps per rank of {args.step_ms:g} ms, delays {args.delay_ms:g} ms, "
-                  f"gradient {args.nbytes >> 10} KiB, max_staleness={args.max_staleness}, {plane} control plane)", "",
+                  f"gradient {args.nbytes >> 10} KiB, max_staleness={args.max_staleness}, {plane} control plane"
+                  + (f", activation delay {args.activation_delay_us:g} us" if plane == "decentral" else "") + ")", "",
                   "Throughput ratio to sync (posts/s, same work per rank). 'free communication' = solo over sync, both "
                   "replayed with free communication (the protocol's ceiling); 'coordinator busy' = fraction of the run "
                   "rank 0's engine spends serving its control policy (saturated: the coordinator is the bottleneck).", "",
                   projection_table([r for r in proj if r["control_plane"] == plane], args)]
     if comparison:
         lines += ["", f"### The control planes side by side ({args.step_ms:g} ms steps, delays {args.delay_ms:g} ms, "
-                  f"gradient {args.nbytes >> 10} KiB, max_staleness={args.max_staleness})", "",
+                  f"gradient {args.nbytes >> 10} KiB, max_staleness={args.max_staleness}, decentral activation delay "
+                  f"{args.activation_delay_us:g} us)", "",
                   "Solo over sync (posts/s, same work per rank) with rank 0's coordinator (central) and without it "
                   "(decentral). 'free-communication ceiling' = solo over sync, both with free communication "
                   "(decentral plane; the central one's in brackets where it differs); 'busiest engine' = the largest "
