@@ -25,9 +25,9 @@ _START_PATIENCE_SECONDS = 3e-3
 # wait costs few wake-ups.
 _NAP_FRACTION = 0.25
 _NAP_MIN_SECONDS = 5e-5
-# With doorbells, the short naps (back-off from 40 us, about 1.2 ms in all) an
-# idle engine takes after a wake-up that found nothing, before it sleeps
-# doorbell_poll_ms at a time again.
+# With doorbells, the short naps an engine takes after a wake-up that found
+# nothing, before it sleeps doorbell_poll_ms at a time again (idle: a back-off
+# from 40 us, about 1.2 ms in all; waiting for a round: naps of idle_poll_ms).
 _RECHECKS = 5
 
 
@@ -61,7 +61,10 @@ class Pacing:
         self._idle = 0
         self._recheck = 0  # short naps left after a wake-up that found nothing yet
         self._awake_until = 0.0
-        self._rung_unanswered = False  # a nap ended by a ring, and no step found work since
+        # Short naps left after a nap that a ring ended, until a step finds work: the
+        # ring may precede its message in MPI. Counted down, since a ring can also come
+        # after its message was taken (a stale ring), and then no work ever follows.
+        self._rung_naps_left = 0
         self.unsent = 0  # control messages still queued in MPI after the last step
 
     # -- compute-thread side ----------------------------------------------------------
@@ -87,7 +90,7 @@ class Pacing:
     def worked(self) -> None:
         """The last step found work: stay awake a little, more usually follows."""
         self._idle = self._recheck = 0
-        self._rung_unanswered = False
+        self._rung_naps_left = 0
         self._awake_until = time.perf_counter() + self._spin
 
     def rest(self, reductions, helper_busy: bool, oldest_wait: float | None) -> None:
@@ -170,12 +173,13 @@ class Pacing:
             os.sched_yield()
             return
         # Where every peer rings, the nap only bounds the delay of a lost ring;
-        # it stays short while this rank's sends are queued and after a ring
-        # that found no message yet (a ring can come before MPI shows it).
-        long_ok = self._bell_covers_all and not self.unsent and not self._rung_unanswered
+        # it stays short while this rank's sends are queued and for a few naps
+        # after a ring that found no message yet (a ring can come before MPI shows it).
+        long_ok = self._bell_covers_all and not self.unsent and not self._rung_naps_left
+        self._rung_naps_left = max(0, self._rung_naps_left - 1)
         nap = min(self._bell_poll if long_ok else self._nap_max, max(_NAP_MIN_SECONDS, _NAP_FRACTION * waited))
         if self._nap(nap):
-            self._rung_unanswered = True  # until a step finds work
+            self._rung_naps_left = _RECHECKS
 
     def _nap(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; a new command wakes the engine at once, and

@@ -566,14 +566,18 @@ elif case == "waiting_cpu":
     seed = next(s for s in range(10_000) if designated_initiator(s, "m", 1, size) == last)
     mode = hvd.Majority(seed=seed)
     hvd.partial_allreduce(np.ones(4), "m", mode=mode)  # round 0: every rank
+    engine = hvd.session.current().engine
+    naps = []  # the engine's sleeps while this rank waits: its wake-ups, whatever the machine's load
+    sleep = engine._pacing._nap
+    engine._pacing._nap = lambda seconds: naps.append(seconds) or sleep(seconds)
     hvd.barrier()
-    cpu0, wall0 = time.process_time(), time.monotonic()
+    cpu0, wall0, naps_before = time.process_time(), time.monotonic(), len(naps)
     if rank == last:
         time.sleep(1.0)  # "computing"; round 1 starts when this rank posts
     rounds = hvd.partial_allreduce(np.ones(4), "m", mode=mode)
-    engine = hvd.session.current().engine
     machine = engine._driver.control.streams[local_stream("m").id]
     report({"cpu_fraction": (time.process_time() - cpu0) / (time.monotonic() - wall0),
+            "naps": len(naps) - naps_before,
             "waited": time.monotonic() - wall0, "round": rounds[-1].round, "initiator": rounds[-1].initiator,
             "joined_early": machine.joined_early, "contributors": rounds[-1].contributors})
     hvd.flush("m")

@@ -1,0 +1,53 @@
+"""The engine's nap lengths while a post waits for its round to start."""
+
+import time
+
+from hvd_partial.config import Config
+from hvd_partial.engine.pacing import Pacing
+
+
+class ScriptedBell:
+    """A doorbell every peer can ring; ``rings`` says which waits a ring ends."""
+
+    def __init__(self, size, rings):
+        self.reachable = size - 1
+        self.rings = list(rings)
+        self.waits = []  # the timeout of each wait
+
+    def wait(self, timeout):
+        self.waits.append(timeout)
+        return self.rings.pop(0) if self.rings else False
+
+
+def waiting_naps(rings, count):
+    config = Config(doorbell_poll_ms=10.0, idle_poll_ms=1.0)
+    bell = ScriptedBell(4, rings)
+    pacing = Pacing(config, bell, 4, relays_activations=True, commands=[])
+    since = time.perf_counter() - 10.0  # the post has waited 10 s: naps are as long as allowed
+    for _ in range(count):
+        pacing.nap_while_waiting(since)
+    return bell.waits
+
+
+def test_a_long_wait_naps_the_doorbell_period():
+    assert waiting_naps([], 4) == [0.01] * 4
+
+
+def test_naps_after_a_ring_that_finds_nothing_are_short_then_long_again():
+    # A ring whose message was already taken (it came late) is followed by no
+    # work: the engine must not keep polling every millisecond for the whole wait.
+    waits = waiting_naps([True], 12)
+    assert waits[0] == 0.01
+    assert waits[1:6] == [0.001] * 5, waits
+    assert waits[6:] == [0.01] * 6, waits
+
+
+def test_work_found_after_a_ring_ends_the_short_naps():
+    config = Config(doorbell_poll_ms=10.0, idle_poll_ms=1.0)
+    bell = ScriptedBell(4, [True])
+    pacing = Pacing(config, bell, 4, relays_activations=True, commands=[])
+    since = time.perf_counter() - 10.0
+    pacing.nap_while_waiting(since)
+    pacing.worked()
+    pacing.nap_while_waiting(since)
+    assert bell.waits == [0.01, 0.01]
