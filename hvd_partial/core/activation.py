@@ -99,10 +99,7 @@ class Activation:
     def start_held(self, round_number: int) -> None:
         """This rank starts ``round_number`` itself but sends nothing now (its
         flood is held back: :meth:`still_to_tell` says where it goes later)."""
-        if round_number != self.latest + 1:
-            raise EngineError(f"rank {self.rank}: starts round {round_number} after round {self.latest}")
-        self.latest = round_number
-        self.heard_from = set()
+        self._join(round_number, source=None)
 
     def receive(self, round_number: int, source: int) -> list[int]:
         """An activation of ``round_number`` arrived from neighbour ``source``."""
@@ -113,9 +110,12 @@ class Activation:
             if round_number == self.latest and source is not None:
                 self.heard_from.add(source)
             return []  # a duplicate (concurrent initiators) or a late copy
+        self._join(round_number, source)
+        return [n for n in self.neighbours if n != source]
+
+    def _join(self, round_number: int, source: int | None) -> None:
+        """Record the first hearing of ``round_number`` (from ``source``, or this rank's own start)."""
         if round_number != self.latest + 1:
-            raise EngineError(f"rank {self.rank}: activation of round {round_number} "
-                                 f"before round {self.latest + 1}")
+            raise EngineError(f"rank {self.rank}: activation of round {round_number} after round {self.latest}")
         self.latest = round_number
         self.heard_from = set() if source is None else {source}
-        return [n for n in self.neighbours if n != source]
