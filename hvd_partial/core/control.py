@@ -143,6 +143,8 @@ class DecentralControl:
         self._signatures: dict[str, object] = {}
 
     def posted(self, stream, seq: int, computed_for: int, taken: int, waiting: bool) -> None:
+        # The stream's DecentralStream counts posts and staleness itself; the
+        # arguments are the central plane's Post.
         machine = self.streams.get(stream.id)
         if machine is None:
             raise EngineError(f"rank {self.rank}: a post to {stream.name!r}, which has no decentralized rounds")

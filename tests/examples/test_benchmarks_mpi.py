@@ -1,0 +1,27 @@
+"""The MPI benchmarks that write no result files run briefly, so that a
+change of the protocol's behaviour cannot leave one failing unseen (the
+figures themselves come from full runs, docs/results.md)."""
+
+import re
+
+import pytest
+
+from mpi_run import ROOT, run_mpi
+
+pytestmark = pytest.mark.mpi
+
+
+def test_waiting_cpu_benchmark_runs():
+    # Its majority post asserts that the waiting ranks took exactly the round a computing rank started.
+    res = run_mpi(str(ROOT / "benchmarks" / "waiting_cpu.py"), 4, "--blocks", "2", "--compute-s", "0.05",
+                  timeout=120, require_reports=False)
+    for way in ("asleep", "majority post", "sync post", "bare Allreduce"):
+        assert re.search(rf"^\s*{way}\s+\d+\.\d+\s+\d+\.\d+", res.stdout, re.M), res.tail()
+
+
+def test_balanced_modes_benchmark_runs():
+    res = run_mpi(str(ROOT / "benchmarks" / "balanced_modes.py"), 2, "--blocks", "2", "--epochs", "1",
+                  "--steps", "20", timeout=120, require_reports=False)
+    for method in ("sync", "solo", "majority"):
+        assert re.search(rf"^{method}\s+\d", res.stdout, re.M), res.tail()
+    assert "balanced.solo:" in res.stdout and "balanced.majority:" in res.stdout, res.tail()
