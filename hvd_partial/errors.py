@@ -63,12 +63,14 @@ class MpiUnavailableError(HvdPartialError, ImportError):
 
 
 class TooManyStreamsError(HvdPartialError):
-    """MPI could not create a new stream's communicator.
+    """MPI could not create a new stream's communicator, or a session has
+    more majority streams with a quorum than their counters' window holds.
 
     Every stream holds an MPI communicator of its own, and an MPI library
-    allows only so many at once (MPICH about 2,000). Reduce many arrays as
-    one stream with ``grouped_partial_allreduce_async``. The engine stops:
-    later calls raise this error too.
+    allows only so many at once (MPICH about 2,000); majority streams with a
+    quorum keep their counters in one window made at ``init``, room for 256.
+    Reduce many arrays as one stream with ``grouped_partial_allreduce_async``.
+    The engine stops: later calls raise this error too.
     """
 
 

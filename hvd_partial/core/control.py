@@ -128,7 +128,8 @@ class DecentralControl:
     """
 
     def __init__(self, rank: int, size: int, send: Callable[[int, object], None],
-                 start: Callable[[int, int, object], None], defer: Callable[[int, int], None] | None = None):
+                 start: Callable[[int, int, object], None], defer: Callable[[int, int], None] | None = None,
+                 quorum_counters: Callable[[int], object] | None = None):
         self.rank = rank
         self.size = size
         self._send = send
@@ -136,6 +137,10 @@ class DecentralControl:
         # Where the host holds a solo round's flood back (defer(stream_id, round); see
         # DecentralStream), it later delivers release_message(stream_id, round) to this rank.
         self._defer = defer
+        # The host's quorum counters of the n-th stream with a quorum (QuorumCounters; streams
+        # register in the same order on every rank, so n is the same everywhere).
+        self._quorum_counters = quorum_counters
+        self._quorum_streams = 0
         # Outcomes for this rank's driver travel as messages to itself.
         self.agreements = Agreements(rank, size, send, lambda decision: send(rank, decision))
         self.coordinator = None
@@ -178,10 +183,15 @@ class DecentralControl:
         mode = mode_from_description(signature.mode)
         if mode.kind not in ("solo", "majority"):
             raise ConfigError(f"stream {stream.name!r}: no decentralized rounds for mode {mode.kind!r}")
+        quorum = getattr(mode, "quorum", None)
+        counters = None
+        if quorum is not None and self._quorum_counters is not None:
+            counters = self._quorum_counters(self._quorum_streams)
+            self._quorum_streams += 1
         machine = DecentralStream(self.rank, self.size, mode.kind, signature.max_staleness, stream.name,
-                                  seed=getattr(mode, "seed", 0), quorum=getattr(mode, "quorum", None),
+                                  seed=getattr(mode, "seed", 0), quorum=quorum,
                                   external_registration=True, posts_need_data=True,
-                                  defer_activations=self._defer is not None)
+                                  defer_activations=self._defer is not None, counters=counters)
         self.streams[stream.id] = machine
         stream.read_facts = machine.read_facts
         stream.posts_need_data = True
@@ -235,11 +245,13 @@ class DecentralControl:
                 self._defer(sid, action.round)
 
 
-def make_control(kind: str, rank: int, size: int, send, start, defer=None):
+def make_control(kind: str, rank: int, size: int, send, start, defer=None, quorum_counters=None):
     """The control policy named ``kind``: ``"central"`` or ``"decentral"``
-    (``defer``: the host's timer for held-back floods, or None)."""
+    (``defer``: the host's timer for held-back floods, or None;
+    ``quorum_counters``: the host's quorum counters by stream, see
+    :class:`DecentralControl`)."""
     if kind == "central":
         return CentralControl(rank, size, send)
     if kind == "decentral":
-        return DecentralControl(rank, size, send, start, defer)
+        return DecentralControl(rank, size, send, start, defer, quorum_counters)
     raise ConfigError(f"control_plane must be 'central' or 'decentral', got {kind!r}")

@@ -65,14 +65,16 @@ class Driver:
     """The protocol of every stream of one rank."""
 
     def __init__(self, rank: int, size: int, host: DriverHost, control_plane: str = "central",
-                 defer_activations: bool = False):
+                 defer_activations: bool = False, quorum_counters=None):
+        """``quorum_counters(n)``: the host's :class:`~.decentral.quorum.QuorumCounters`
+        of the n-th stream with a quorum to register (decentralized plane, more than one rank)."""
         self.rank = rank
         self.size = size
         self.host = host
         # The policy sends and starts rounds through the driver, which holds its host as given
         # (the engine passes a weak proxy: no cycle keeps a stopped engine alive).
         self.control = make_control(control_plane, rank, size, self._send, self._start_round,
-                                    self._defer_activation if defer_activations else None)
+                                    self._defer_activation if defer_activations else None, quorum_counters)
         self.streams: dict[str, RankStream] = {}
         self.by_id: dict[int, RankStream] = {}
         self._held: dict[str, tuple] = {}  # first posts waiting for registration: (buffers, owned, waiter)

@@ -70,7 +70,8 @@ class Engine:
         # cycle would keep every shut-down engine (with its buffers) alive
         # until a full garbage collection, which rarely comes.
         me = weakref.proxy(self)
-        self._driver = Driver(self.rank, self.size, me, config.control_plane, config.activation_delay_us > 0)
+        self._driver = Driver(self.rank, self.size, me, config.control_plane, config.activation_delay_us > 0,
+                              getattr(transport, "quorum_counters", None))
         self._activation_delay = config.activation_delay_us / 1e6
         self._held_floods: deque = deque()  # (deadline, stream id, round): solo floods held back, oldest first
         self._bell = getattr(transport, "doorbell", None)

@@ -5,7 +5,7 @@ where communication costs what a :class:`~hvd_partial.sim.network.NetworkModel` 
 
 The control plane is a parameter: ``"central"`` (rank 0's coordinator decides
 every round) or ``"decentral"`` (every rank starts rounds itself: hypercube
-activation floods, gathers, quorum notices; see docs/control-plane.md). The
+activation floods, gathers, a quorum counter; see docs/control-plane.md). The
 cost model is the same for both; it models what the MPI engine does, message
 by message:
 
@@ -25,6 +25,9 @@ by message:
 - what an engine sends while serving leaves one message after the other,
   ``send_seconds(n)`` apart (its own at once); what a rank's post or flush
   sends leaves at once, the next ones ``send_seconds(n)`` apart;
+- an addition to majority's quorum counter at another rank (one-sided) holds
+  its rank's engine for a round trip, ``2 * message_seconds(0)``, and costs
+  the counter's rank nothing;
 - a rank joins a round when the round's start reaches it (sync: when it
   posts); the round's reduction finishes ``reduce_seconds(P, nbytes)`` after
   the last rank joined (and not before the previous round's), where a solo
@@ -170,6 +173,7 @@ class _TimedWorld(LoopbackWorld):
     def __init__(self, sim: "ClusterSimulator", *args, **kwargs):
         self._sim = sim
         super().__init__(*args, **kwargs)
+        self.quorum_counters.on_add = sim._quorum_added
 
     def make_queue(self, kind: str, src: int, dest: int, lane: int = 0) -> deque:
         return _TimedDeque(self._sim, _DELIVER if kind == "channel" else _DONE, src, dest, lane)
@@ -309,6 +313,12 @@ class ClusterSimulator:
         else:
             self._send_clock += send_cost
         return self._send_clock + latency
+
+    def _quorum_added(self, rank: int, owner: int):
+        """Rank ``rank`` added to a quorum counter at ``owner``: a one-sided
+        round trip that its engine waits for (and ``owner``'s does not serve)."""
+        if owner != rank and self._server == rank and self._send_clock is not None:
+            self._send_clock += 2 * self.net.message_seconds(0)
 
     def _appended(self, queue: _TimedDeque):
         if queue.kind == _DONE:

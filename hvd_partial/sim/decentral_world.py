@@ -27,7 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..core.decentral import Complete, DecentralStream, Join, RingLiveness, Send
+from ..core.decentral import Complete, DecentralStream, Join, RingLiveness, Send, SharedQuorumCounters
 from ..core.decentral.facts import INITIATED
 from ..core.decentral.messages import Failed, Heartbeat, PeerFailed
 from ..errors import RankFailedError
@@ -59,8 +59,10 @@ class DecentralWorld:
         self.rng = random.Random(seed)
         self.delay_s = delay_s
         self.compute = compute or (lambda j, step: self.rng.uniform(0.01, 0.2))
+        self.quorum_counters = SharedQuorumCounters()
         self.streams = [DecentralStream(j, P, kind, max_staleness, seed=majority_seed, quorum=quorum,
-                                        signature=None if signatures is None else signatures[j])
+                                        signature=None if signatures is None else signatures[j],
+                                        counters=self.quorum_counters.for_rank(j)(0))
                         for j in range(P)]
         self.liveness = liveness
         self.tick_s = tick_s

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..core.control import StreamMessage
 from ..core.decentral.messages import ReleaseActivation
+from ..core.decentral.quorum import SharedQuorumCounters
 from ..core.driver import Driver
 from ..core.fusion import Layout
 from ..core.messages import StreamSignature
@@ -45,7 +46,8 @@ class LoopbackRank:
     def __init__(self, world: "LoopbackWorld", rank: int):
         self.world = world
         self.rank = rank
-        self.driver = Driver(rank, world.world_size, self, world.control_plane, world.defer_activations)
+        self.driver = Driver(rank, world.world_size, self, world.control_plane, world.defer_activations,
+                             world.quorum_counters.for_rank(rank))
         self.launches = world.make_queue("launches", rank, rank)  # (stream, launch) joined, not completed here
         self.waiter: Waiter | None = None  # the compute thread's call in progress
         self.taken: dict[str, list[RoundResult]] = {}  # stream -> every result taken, in order
@@ -133,6 +135,7 @@ class LoopbackWorld:
         self._taken_sums: dict[tuple, int] = {}
         self.dead = [False] * world_size
         self.events = 0
+        self.quorum_counters = SharedQuorumCounters()  # every rank's, for majority with a quorum
         self.ranks = [LoopbackRank(self, j) for j in range(world_size)]
 
     # -- queues (the simulator times them) --------------------------------------------------

@@ -6,6 +6,8 @@ messages (point-to-point, pickled), one for the Horovod-style helpers (all of
 them, whatever their names: see :mod:`.helper_channel`), and
 one from which each stream's own communicator is duplicated, so that
 collectives of different streams never have to be ordered against each other.
+Majority's quorum counters live in a one-sided window (:mod:`.quorum_window`)
+made from the last.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from mpi4py import MPI
 
 from ..errors import ConfigError, EngineError, TooManyStreamsError
 from .doorbell import Doorbell
+from .quorum_window import QuorumWindow
 
 log = logging.getLogger("hvd_partial.transport")
 
@@ -100,7 +103,7 @@ def _agree_on_session(comm) -> int:
 class MpiTransport:
     """Point-to-point control messages and nonblocking collectives over MPI."""
 
-    def __init__(self, comm=None, doorbell: bool = True):
+    def __init__(self, comm=None, doorbell: bool = True, quorum_counters: bool = False):
         comm = MPI.COMM_WORLD if comm is None else comm
         check_communicator(comm)
         level = MPI.Query_thread()
@@ -119,6 +122,9 @@ class MpiTransport:
         self.control, self.helpers = _session_comms(comm)
         self.tag_base = _TAG_BASE + (_agree_on_session(self.control) % _SESSION_SLOTS) * _TAG_SPAN
         self.factory = comm.Dup()
+        # majority's quorum counters (decentralized plane; one-sided, made now because making them is collective)
+        self.quorum_window = QuorumWindow(self.factory) if quorum_counters and self.size > 1 else None
+        self.quorum_counters = self.quorum_window.for_stream if self.quorum_window is not None else None
         node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.local_rank = node.Get_rank()
         self.local_size = node.Get_size()
@@ -216,7 +222,9 @@ class MpiTransport:
         if self.doorbell is not None:
             self.doorbell.close()
         self.retain_unfinished_sends()
-        try:  # only the factory: control and helpers are kept for the next session
+        try:  # only the factory and the window: control and helpers are kept for the next session
+            if self.quorum_window is not None:
+                self.quorum_window.free()
             self.factory.Free()
         except MPI.Exception:  # pragma: no cover - freeing after a failure
             pass

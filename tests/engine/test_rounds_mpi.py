@@ -76,8 +76,9 @@ def test_majority_same_designated_initiators_everywhere(nprocs):
     assert len({x[1] for x in rounds if x[1] is not None}) > 1  # re-drawn, not fixed
 
 
-def test_majority_quorum_holds_rounds_until_k_ranks_have_data():
-    nprocs, steps, tau, k = 4, 10, 4, 3
+@pytest.mark.parametrize("nprocs,k", [(4, 3), (5, 2)])
+def test_majority_quorum_holds_rounds_until_k_ranks_have_data(nprocs, k):
+    steps, tau = 10, 4
     res = run_mpi("engine_rounds.py", nprocs, "majority", steps, tau, 1, 0.003, 0.015, k, 5)
     rounds = check_common(res, nprocs, steps, tau)
     # Until the first rank enters flush every rank trains, so the full quorum applies.
@@ -85,6 +86,10 @@ def test_majority_quorum_holds_rounds_until_k_ranks_have_data():
     assert before_any_flush > 3
     for rnd, _, contributors, _, _, flush in rounds[1:before_any_flush]:
         assert len(contributors) >= k, f"round {rnd} started with {contributors}, quorum {k}"
+    # The ranks counted in the one-sided counters, and at most one notice per round went out.
+    use = [res.results[r]["quorum_use"] for r in range(nprocs)]
+    additions, notices = sum(u[0] for u in use), sum(u[1] for u in use)
+    assert additions >= len(rounds) - 1 and notices <= len(rounds), (additions, notices, len(rounds))
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])

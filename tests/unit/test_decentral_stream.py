@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from hvd_partial.core.activation import max_hops
-from hvd_partial.core.decentral import Activate, Complete, DecentralStream, Gathered, Join, Send
+from hvd_partial.core.decentral import (Activate, Complete, DecentralStream, Gathered, Join, QuorumMet, Send,
+                                        SharedQuorumCounters)
 from hvd_partial.core.messages import StreamSignature
 from hvd_partial.errors import MismatchError, StreamConflictError
 from hvd_partial.sim.decentral_world import DecentralWorld
@@ -20,7 +21,9 @@ class Script:
     """A driver that delivers every message and completes every round at once, in order."""
 
     def __init__(self, P, kind="solo", tau=1, **kw):
-        self.streams = [DecentralStream(j, P, kind, tau, **kw) for j in range(P)]
+        self.counters = SharedQuorumCounters()
+        self.streams = [DecentralStream(j, P, kind, tau, counters=self.counters.for_rank(j)(0), **kw)
+                        for j in range(P)]
         self.queue: deque = deque()
         self.joins: dict = {}
         self.done: dict = {}  # rank -> list of Complete
@@ -43,14 +46,25 @@ class Script:
                 self.done.setdefault(j, []).append(a)
         return actions
 
-    def settle(self):
+    def settle(self, hold_completions_of=None) -> list:
+        """Deliver everything; completions at rank ``hold_completions_of`` are
+        kept back instead, and returned (hand them to ``deliver`` later, in order)."""
+        kept = []
         while self.queue:
-            src, dest, msg = self.queue.popleft()
-            if src is None:
-                _, r, value, facts = msg
-                self.act(dest, self.streams[dest].on_reduced(r, value, facts))
+            item = self.queue.popleft()
+            if item[0] is None and item[1] == hold_completions_of:
+                kept.append(item)
             else:
-                self.act(dest, self.streams[dest].on_message(src, msg))
+                self.deliver(item)
+        return kept
+
+    def deliver(self, item):
+        src, dest, msg = item
+        if src is None:
+            _, r, value, facts = msg
+            self.act(dest, self.streams[dest].on_reduced(r, value, facts))
+        else:
+            self.act(dest, self.streams[dest].on_message(src, msg))
 
     def post(self, j, payload):
         return self.act(j, self.streams[j].post(payload))
@@ -127,8 +141,67 @@ def test_majority_round_waits_for_its_designated_initiator_and_quorum():
     w.settle()
     result = w.done[d][-1].results[-1]
     assert result.round == 1 and result.initiator == d and len(result.contributors) == 3
-    ready = [m for src, dest, m in w.sent if type(m).__name__ == "Ready"]
-    assert len(ready) == 2 and all(dest == d for src, dest, m in w.sent if type(m).__name__ == "Ready")
+    # one notice, from the rank whose addition made the quorum
+    assert [(src, dest, m) for src, dest, m in w.sent if type(m) is QuorumMet] == [(others[1], d, QuorumMet(1))]
+
+
+def test_a_quorum_met_by_the_designated_initiators_own_post_sends_no_notice_and_counters_are_reused():
+    P = 5
+    w = Script(P, "majority", tau=8, seed=3, quorum=2)
+    for j in range(P):
+        w.post(j, f"reg{j}")
+    w.settle()
+    for r in range(1, 7):  # rounds 1..6: two slots per rank, each reused
+        d = w.streams[0].held.designated
+        other = (d + 1) % P
+        w.post(other, f"x{r}")
+        w.settle()
+        assert all(s.completed == r for s in w.streams)  # one holder, quorum 2
+        w.post(d, f"d{r}")
+        w.settle()
+        assert all(s.completed == r + 1 for s in w.streams)
+        contributed = {j: join.contributions for j, join in w.joins[r].items() if join.contributions}
+        assert contributed == {d: [f"d{r}"], other: [f"x{r}"]}
+    assert not [m for _, _, m in w.sent if type(m) is QuorumMet]  # each quorum was met by D's own addition
+    # every round's counter was zeroed by its designated rank when it joined the next round,
+    # but the last one's (6): round 7 has not started
+    nonzero = {key: v for key, v in w.counters.values.items() if v}
+    assert nonzero == {(0, d, 0): 2} and w.counters.additions == 12
+
+
+def test_a_quorum_counter_is_zeroed_before_its_next_use_not_after():
+    """Rank 3 designates rounds 1 and 3 (seed 0, P=4), which share its counter
+    slot. It joins round 2 before it completes round 1, and the others add
+    for round 3 meanwhile; zeroing the slot when round 1 completes there
+    would lose two of the three additions the quorum needs, and every rank
+    would wait for ever."""
+    P, d = 4, 3
+    w = Script(P, "majority", tau=8, seed=0, quorum=3)
+    assert [w.streams[0]._designated(r) for r in (1, 2, 3)] == [d, 1, d]
+    others = [0, 1, 2]
+    for j in range(P):
+        w.post(j, f"reg{j}")
+    w.settle()
+    for j in range(P):
+        w.post(j, f"a{j}")
+    late = w.settle(hold_completions_of=d)  # round 1 completes everywhere but at rank 3
+    assert [w.streams[j].completed for j in range(P)] == [2, 2, 2, 1]
+    for j in others:
+        w.post(j, f"b{j}")
+    late += w.settle(hold_completions_of=d)  # round 2, which rank 3 joins when its activation arrives
+    assert [w.streams[j].completed for j in range(P)] == [3, 3, 3, 1] and w.streams[d].activation.latest == 2
+    for j in others[:2]:
+        w.post(j, f"c{j}")  # two additions to rank 3's counter of round 3
+    late += w.settle(hold_completions_of=d)
+    assert w.counters.values[(0, d, 1)] == 2
+    for item in late:
+        w.deliver(item)
+    w.settle()
+    w.post(others[2], "c2")
+    w.post(d, "c3")
+    w.settle()
+    assert all(s.completed == 4 for s in w.streams)
+    assert sorted(w.joins[3][j].contributions[0] for j in range(P)) == ["c0", "c1", "c2", "c3"]
 
 
 def signature(shape=(4,), dtype="float32", tau=2):

@@ -48,6 +48,9 @@ summed = np.sum([r.array for r in taken], axis=0)
 padding_sum = float(summed[total:].sum())
 summed = summed[:total]
 stats = hvd.stats()["grads"]
+# the decentralized plane's state machine of the stream: its quorum counter's use
+machine = next(iter(hvd.session.current().engine._driver.control.streams.values()), None)
+quorum_use = None if machine is None or quorum is None else [machine.quorum_additions, machine.quorum_notices]
 report({
     "rounds": [[r.round, r.initiator, r.contributors, {str(k): v for k, v in r.staleness.items()},
                 digest([r.array]), r.flush] for r in taken],
@@ -57,5 +60,6 @@ report({
     "post_seconds": post_seconds,
     "taken_before_flush": taken_before_flush,
     "stats": stats,
+    "quorum_use": quorum_use,
 })
 hvd.shutdown()

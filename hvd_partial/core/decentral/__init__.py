@@ -2,7 +2,7 @@
 
 - :class:`DecentralStream`: when each round of a solo or majority stream
   starts, decided by the ranks themselves (activation flood, staleness and
-  flush gathers, quorum notices), with facts reduced inside every round.
+  flush gathers, a quorum counter), with facts reduced inside every round.
 - :class:`Agreements`: registration, sync flush rounds and shutdown, as
   gathers to rank 0 and floods of the outcome.
 - :class:`RingLiveness`: ring heartbeats and a failure flood, O(1) messages
@@ -15,9 +15,11 @@ from .agreement import AgreementOutcome, AgreementReport, Agreements
 from .facts import RoundView
 from .gather import Gather
 from .liveness import RingLiveness
-from .messages import (Activate, Complete, Defer, Failed, Gathered, Heartbeat, Join, PeerFailed, Ready, Rejected,
+from .messages import (Activate, Complete, Defer, Failed, Gathered, Heartbeat, Join, PeerFailed, QuorumMet, Rejected,
                        ReleaseActivation, Send)
+from .quorum import QuorumCounters, SharedQuorumCounters, quorum_met
 from .stream import DecentralStream
 
-__all__ = ["DecentralStream", "Agreements", "AgreementReport", "AgreementOutcome", "RingLiveness", "RoundView", "Gather", "Activate", "Complete", "Defer", "Failed",
-           "Gathered", "Heartbeat", "Join", "PeerFailed", "Ready", "Rejected", "ReleaseActivation", "Send"]
+__all__ = ["DecentralStream", "Agreements", "AgreementReport", "AgreementOutcome", "RingLiveness", "RoundView", "Gather",
+           "QuorumCounters", "SharedQuorumCounters", "quorum_met", "Activate", "Complete", "Defer", "Failed",
+           "Gathered", "Heartbeat", "Join", "PeerFailed", "QuorumMet", "Rejected", "ReleaseActivation", "Send"]

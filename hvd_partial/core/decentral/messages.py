@@ -43,14 +43,12 @@ class Gathered:
 
 
 @dataclass(frozen=True)
-class Ready:
-    """To the designated initiator of majority round ``round``: the sender
-    holds data for it (``holds``) and/or has begun flushing (``flushing``).
-    Sent only when a quorum is set or the designated initiator is flushing."""
+class QuorumMet:
+    """To the designated initiator of majority round ``round``: the sender's
+    addition to the round's quorum counter made the quorum (one per round;
+    see :mod:`.quorum`)."""
 
     round: int
-    holds: bool
-    flushing: bool
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,12 @@ of round ``c`` as every other rank, and has not yet heard that ``c`` started):
 - Majority: the designated initiator ``D`` (a pure function of seed, stream
   and round) starts round ``c`` when the staleness gather is complete, it
   holds data (or is flushing: see below), and the quorum holds:
-  ``min(k, ranks still training)`` ranks hold data. With a quorum, ranks tell
-  ``D`` with :class:`~.messages.Ready` that they hold data or began flushing.
-  A flushing ``D`` stands in for a post: with a quorum it counts the
-  holders it was told of; without one, when the view shows ``D`` flushing
+  ``min(k, ranks still training)`` ranks hold data. With a quorum, ranks that
+  hold data or began flushing add to a counter at ``D``
+  (:mod:`.quorum`); the one whose addition makes the quorum tells ``D`` with
+  :class:`~.messages.QuorumMet`, one notice per round.
+  A flushing ``D`` stands in for a post: with a quorum it waits for the
+  quorum like a holder; without one, when the view shows ``D`` flushing
   and names no blockers, the first rank that holds data starts the round
   itself; with blockers, ``D`` starts it once they caught up; and a ``D``
   that began flushing after the view (nobody knew) starts it at once.
@@ -75,7 +77,7 @@ Example::
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -85,7 +87,8 @@ from ..activation import Activation
 from ..round_result import RoundResult, any_data
 from .facts import FLUSHING, INITIATED, KNOWN_TAKEN, STALENESS, RoundView, empty_facts, round_facts
 from .gather import Gather, position_in_sorted
-from .messages import Activate, Complete, Defer, Gathered, Join, Ready, Rejected, ReleaseActivation, Send
+from .messages import Activate, Complete, Defer, Gathered, Join, QuorumMet, Rejected, ReleaseActivation, Send
+from .quorum import BEGAN_FLUSHING, HOLDS, QuorumCounters, SharedQuorumCounters, quorum_met
 
 
 @dataclass(slots=True)
@@ -106,10 +109,11 @@ class _Held:
     flush: Gather | None = None  # made on first need (see DecentralStream._flush_gather)
     flush_made: bool = False
     designated: int | None = None
-    holders: set = field(default_factory=set)  # at the designated initiator: ranks that hold data
-    flushed: set = field(default_factory=set)  # at the designated initiator: ranks that began flushing
-    told_holds: bool = False
-    told_flushing: bool = False
+    # majority with a quorum: this rank's additions to the round's counter, and (at the
+    # designated initiator) whether the quorum is met
+    counted_holds: bool = False
+    counted_flushing: bool = False
+    quorum_met: bool = False
     # registration: the signature of the lowest rank heard of, that rank, and a disagreement found
     signature: object = None
     first: int | None = None
@@ -120,12 +124,14 @@ class DecentralStream:
     """State of one stream on one rank; see the module docstring for the rules.
 
     ``kind`` is ``"solo"`` or ``"majority"``; ``seed`` and ``quorum`` are
-    majority's. ``counters`` counts messages sent and received by kind.
+    majority's, and with a quorum on more than one rank, ``counters`` are the
+    stream's :class:`~.quorum.QuorumCounters` as this rank sees them.
     """
 
     def __init__(self, rank: int, world_size: int, kind: str, max_staleness: int, name: str = "stream",
                  seed: int = 0, quorum: int | None = None, signature=None, external_registration: bool = False,
-                 posts_need_data: bool = False, defer_activations: bool = False):
+                 posts_need_data: bool = False, defer_activations: bool = False,
+                 counters: QuorumCounters | None = None):
         if kind not in ("solo", "majority"):
             raise ValueError(f"decentralized rounds are for solo and majority streams, not {kind!r}")
         self.rank = rank
@@ -135,6 +141,13 @@ class DecentralStream:
         self.name = name
         self.seed = seed
         self.quorum = quorum
+        if quorum is not None and counters is None:
+            if world_size > 1:
+                raise EngineError(f"rank {rank}: stream {name!r} has a quorum but no quorum counters")
+            counters = SharedQuorumCounters().for_rank(rank)(0)
+        self.counters = counters
+        self.quorum_additions = 0  # additions this rank made to quorum counters
+        self.quorum_notices = 0  # ... that made a quorum at another rank, which it told
         self.signature = signature  # compared across ranks at registration (equality)
         # Registration agreed by someone else (the driver's registration): no
         # registration gather; round 0 starts at registered().
@@ -359,11 +372,8 @@ class DecentralStream:
                     held.mismatch = msg.mismatch
                 elif msg.signature != held.signature:
                     held.mismatch = (held.first, held.signature, msg.first, msg.signature)
-        elif isinstance(msg, Ready):
-            if msg.holds:
-                held.holders.add(source)
-            if msg.flushing:
-                held.flushed.add(source)
+        elif isinstance(msg, QuorumMet):
+            held.quorum_met = True
         else:  # pragma: no cover - a protocol bug
             raise EngineError(f"rank {self.rank}: unexpected message {msg!r}")
 
@@ -398,18 +408,36 @@ class DecentralStream:
                                                             held.first, held.mismatch)))
                 else:
                     out.append(Send(gather.parent, Gathered(c, gather.kind, gather.position)))
-        d = held.designated
-        if d is not None and d != self.rank:
-            newly_flushing = self.flushing and not view.flushing[self.rank]
-            tell_holds = holds and not held.told_holds and self.quorum is not None
-            tell_flushing = newly_flushing and not held.told_flushing and self.quorum is not None
-            if tell_holds or tell_flushing:
-                held.told_holds |= tell_holds
-                held.told_flushing |= tell_flushing
-                out.append(Send(d, Ready(c, holds=holds, flushing=self.flushing)))
+        if self.quorum is not None and held.designated is not None:
+            self._count(held, holds, out)
         if self._may_start(held, holds):
             out += self._start(c, initiated=not view.registration)
         return out
+
+    def _count(self, held: _Held, holds: bool, out: list) -> None:
+        """Add this rank's news (it holds data, it began flushing) to the
+        round's quorum counter at the designated rank, once each; the one
+        addition that makes the quorum tells the designated rank (module
+        docstring of :mod:`.quorum`)."""
+        view = held.view
+        amount = 0
+        if holds and not held.counted_holds:
+            held.counted_holds = True
+            amount = HOLDS
+        if self.flushing and not held.counted_flushing and not view.flushing[self.rank]:
+            held.counted_flushing = True
+            amount += BEGAN_FLUSHING
+        if not amount:
+            return
+        d, training = held.designated, len(view.training)
+        before = self.counters.add(d, view.round % 2, amount)
+        self.quorum_additions += 1
+        if quorum_met(before + amount, self.quorum, training):
+            if d == self.rank:
+                held.quorum_met = True
+            elif not quorum_met(before, self.quorum, training):
+                self.quorum_notices += 1
+                out.append(Send(d, QuorumMet(view.round)))
 
     def _flush_gather(self, held: _Held) -> Gather | None:
         """This rank's part in the flush gather of ``held``'s round, made when
@@ -463,9 +491,7 @@ class DecentralStream:
             # Known to be flushing: with blockers, they all caught up, by a post (so data exists) or by
             # flushing (each flush allows one such round); without, the holders start it.
             return self.flushing and len(view.blockers) > 0
-        holders = len(held.holders) + (1 if holds else 0)
-        training_now = len(view.training) - len(held.flushed) - (1 if newly_flushing else 0)
-        return (holds or self.flushing) and holders >= max(1, min(self.quorum, training_now))
+        return (holds or self.flushing) and held.quorum_met
 
     def _start(self, c: int, initiated: bool) -> list:
         sends = self.activation.start(c)
@@ -533,6 +559,8 @@ class DecentralStream:
         if r != self._last_joined + 1:  # pragma: no cover - a protocol bug
             raise EngineError(f"rank {self.rank}: joins round {r} after {self._last_joined}")
         self._last_joined = r
+        if self.quorum is not None and r > 0 and self._initiators(r - 1) == self.rank:
+            self.counters.clear((r - 1) % 2)  # round r - 1's counter, here: safe now (see .quorum)
         facts = empty_facts(self.world_size)
         me = self.rank
         items, self.pending = self.pending, []
