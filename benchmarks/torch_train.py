@@ -13,6 +13,7 @@ time is not counted; flushes are.
 
     mpiexec -n 4 python benchmarks/torch_train.py
     mpiexec -n 4 python benchmarks/torch_train.py --delay 0.1 --repeats 5 --target 0.95
+    mpiexec -n 4 python benchmarks/torch_train.py --methods sync,majority,majority_quorum --quorum 3
 """
 
 from __future__ import annotations
@@ -35,12 +36,15 @@ from pytorch_straggler import Shard, load_data, make_model  # noqa: E402
 
 import hvd_partial.torch as hvd  # noqa: E402
 
-METHODS = ["sync", "solo", "majority", "ddp"]
+METHODS = ["sync", "solo", "majority", "majority_quorum", "ddp"]
+DEFAULT_METHODS = ["sync", "solo", "majority", "ddp"]
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS))
+    p.add_argument("--quorum", type=int, default=None,
+                   help="k for the majority_quorum method (default: half the ranks, rounded up)")
     p.add_argument("--delay", type=float, default=0.05)
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--epoch-by", choices=["samples", "rounds"], default="samples")
@@ -73,7 +77,9 @@ def train(method: str, args, data, repeat: int) -> dict:
         opt = None
     else:
         net = model
-        mode = {"sync": hvd.Sync(), "solo": hvd.Solo(), "majority": hvd.Majority(seed=args.seed + repeat)}[method]
+        quorum = args.quorum or (size + 1) // 2
+        mode = {"sync": hvd.Sync(), "solo": hvd.Solo(), "majority": hvd.Majority(seed=args.seed + repeat),
+                "majority_quorum": hvd.Majority(seed=args.seed + repeat, quorum=quorum)}[method]
         opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(), mode=mode,
                                        name=f"bench.{method}.{repeat}")
     shard = Shard(x_train, y_train, rank, size, args.batch_size, args.seed + repeat)
@@ -153,7 +159,7 @@ def main(argv=None) -> int:
             result = train(method, args, data, repeat)
             runs[method].append(result)
             tta = "never" if result["tta"] is None else f"{result['tta']:.2f} s"
-            say(f"  repeat {repeat} {method:8s} {result['time']:6.2f} s  acc {100 * result['acc']:5.1f}%  "
+            say(f"  repeat {repeat} {method:15s} {result['time']:6.2f} s  acc {100 * result['acc']:5.1f}%  "
                 f"to {100 * args.target:.0f}%: {tta}  {result['rounds_per_s']:5.1f} rounds/s  "
                 f"{result['samples_per_s']:6.0f} samples/s")
 
@@ -161,12 +167,12 @@ def main(argv=None) -> int:
     for m in methods:
         table[m]["reached"] = sum(r["tta"] is not None for r in runs[m])
     say(f"\nmedians over {args.repeats} repeats (time to accuracy over the repeats that reached it):")
-    say(f"{'method':10s} {'train s':>8s} {'to target':>10s} {'reached':>8s} {'final acc':>10s} {'rounds/s':>9s} "
+    say(f"{'method':15s} {'train s':>8s} {'to target':>10s} {'reached':>8s} {'final acc':>10s} {'rounds/s':>9s} "
         f"{'samples/s':>10s}")
     for m in methods:
         row = table[m]
         tta = "never" if row["tta"] is None else f"{row['tta']:.2f} s"
-        say(f"{m:10s} {row['time']:8.2f} {tta:>10s} {row['reached']:>4d}/{args.repeats:<3d} {100 * row['acc']:9.1f}% "
+        say(f"{m:15s} {row['time']:8.2f} {tta:>10s} {row['reached']:>4d}/{args.repeats:<3d} {100 * row['acc']:9.1f}% "
             f"{row['rounds_per_s']:9.1f} {row['samples_per_s']:10.0f}")
 
     def ratio(a, b, key):
@@ -175,7 +181,7 @@ def main(argv=None) -> int:
         return table[b][key] / table[a][key]
 
     say("\nratios (> 1: the first method is better)")
-    for fast in ("solo", "majority"):
+    for fast in ("solo", "majority", "majority_quorum"):
         for slow in ("sync", "ddp"):
             tta, tput = ratio(fast, slow, "tta"), ratio(slow, fast, "rounds_per_s")
             if tta is None and tput is None:
