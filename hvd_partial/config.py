@@ -88,8 +88,8 @@ class Config:
     #: ranks themselves, O(log P) control messages per rank per round) or
     #: ``central`` (rank 0 decides every round; the earlier design).
     control_plane: str = "decentral"
-    #: Under the ``decentral`` plane, a solo round (or a majority round
-    #: without a quorum) that this rank's post starts in balanced training
+    #: Under the ``decentral`` plane, a solo or majority round that this
+    #: rank's post starts in balanced training
     #: (every rank contributed to the last round, or it was a flush round)
     #: waits this long, in microseconds, before this rank sends its
     #: activations: if every rank joins the round itself meanwhile (at its

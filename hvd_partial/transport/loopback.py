@@ -113,7 +113,7 @@ class LoopbackRank:
 class LoopbackWorld:
     """P ranks stepped one event at a time. ``keep_results``: the ranks whose
     taken results are kept (default all; the simulator keeps rank 0's only).
-    ``defer_activations``: solo rounds, and majority rounds without a quorum,
+    ``defer_activations``: solo and majority rounds
     started in balanced training hold their flood back until a later event
     (the engine's activation delay), and majority's other ranks join early."""
 

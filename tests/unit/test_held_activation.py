@@ -1,7 +1,7 @@
-"""Held-back activation (the engine's ``activation_delay_us``) of solo rounds
-and of majority rounds without a quorum, on the loopback world: in balanced
-training no activation is sent at all, and a rank that does not post is
-still reached once the delay ends."""
+"""Held-back activation (the engine's ``activation_delay_us``) of solo and
+majority rounds, on the loopback world: in balanced training no activation is
+sent at all (with a quorum, at most one quorum notice per round), and a rank
+that does not post is still reached once the delay ends."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from hvd_partial.core.activation import Activation, hypercube_distance
 from hvd_partial.core.control import StreamMessage
-from hvd_partial.core.decentral import Activate, ReleaseActivation
+from hvd_partial.core.decentral import Activate, QuorumMet, ReleaseActivation
 from hvd_partial.core.fusion import Layout
 from hvd_partial.modes import Majority, Solo, Sum
 from hvd_partial.transport.loopback import LoopbackWorld
@@ -21,13 +21,18 @@ def world_of(P, mode=None, held=True):
     return LoopbackWorld(P, mode or Solo(), Sum, 4, layout, control_plane="decentral", defer_activations=held)
 
 
-def is_release(world, event) -> bool:
+def delivers(world, event, kind) -> bool:
+    """Whether ``event`` delivers a stream message of type ``kind``."""
     if event[0] != "deliver":
         return False
     src, dest = event[1], event[2]
     queue = world.inbound[dest][(src, event[3] if len(event) > 3 else 0)]
     message = queue[0]
-    return isinstance(message, StreamMessage) and isinstance(message.message, ReleaseActivation)
+    return isinstance(message, StreamMessage) and isinstance(message.message, kind)
+
+
+def is_release(world, event) -> bool:
+    return delivers(world, event, ReleaseActivation)
 
 
 def run_without_releases(world):
@@ -143,10 +148,10 @@ def test_still_to_tell_skips_neighbours_heard_from():
     assert a.still_to_tell(1) == []  # not the latest round
 
 
-def test_a_quorum_and_the_plain_setting_never_hold_back():
+def test_without_an_activation_delay_nothing_is_held_back():
     P = 4
-    for mode, held in ((Majority(seed=3, quorum=3), True), (Solo(), False), (Majority(seed=3), False)):
-        world = world_of(P, mode, held)
+    for mode in (Solo(), Majority(seed=3), Majority(seed=3, quorum=3)):
+        world = world_of(P, mode, held=False)
         for value in (1, 1, 2, 3):
             post_all(world, P, value)
             world.run_communication()
@@ -154,8 +159,8 @@ def test_a_quorum_and_the_plain_setting_never_hold_back():
         assert all(machine(world, j).joined_early == 0 for j in range(P))
 
 
-def balanced_majority_world(P, seed=3):
-    mode = Majority(seed=seed)
+def balanced_majority_world(P, seed=3, quorum=None):
+    mode = Majority(seed=seed, quorum=None if quorum is None else (P + 1) // 2)
     world = world_of(P, mode)
     post_all(world, P, 1)  # registration
     world.run_communication()
@@ -164,9 +169,13 @@ def balanced_majority_world(P, seed=3):
     return world, mode
 
 
+QUORUM = pytest.mark.parametrize("quorum", [None, "half"])
+
+
+@QUORUM
 @pytest.mark.parametrize("P", [2, 3, 4, 7, 8])
-def test_balanced_majority_rounds_send_no_activation(P):
-    world, mode = balanced_majority_world(P)
+def test_balanced_majority_rounds_send_no_activation(P, quorum):
+    world, mode = balanced_majority_world(P, quorum=quorum)
     sent = count_activations(world)
     for step in range(5):
         post_all(world, P, step + 2)
@@ -185,9 +194,10 @@ def test_balanced_majority_rounds_send_no_activation(P):
     assert all(machine(world, j).awaiting_start is None for j in range(P))
 
 
+@QUORUM
 @pytest.mark.parametrize("P", [2, 3, 4, 8])
-def test_early_joiners_wait_for_the_designated_rank(P):
-    world, mode = balanced_majority_world(P)
+def test_early_joiners_wait_for_the_designated_rank(P, quorum):
+    world, mode = balanced_majority_world(P, quorum=quorum)
     sent = count_activations(world)
     c = machine(world, 0).completed
     d = mode.initiator("stream", c, P)
@@ -207,9 +217,10 @@ def test_early_joiners_wait_for_the_designated_rank(P):
     assert all(machine(world, j).awaiting_start is None for j in range(P))
 
 
+@QUORUM
 @pytest.mark.parametrize("P", [2, 3, 5, 8])
-def test_majority_rank_that_does_not_post_is_reached_through_early_joiners(P):
-    world, mode = balanced_majority_world(P)
+def test_majority_rank_that_does_not_post_is_reached_through_early_joiners(P, quorum):
+    world, mode = balanced_majority_world(P, quorum=quorum)
     c = machine(world, 0).completed
     d = mode.initiator("stream", c, P)
     others = [j for j in range(P) if j != d]
@@ -255,7 +266,8 @@ def balanced_world(P, mode):
     return world
 
 
-@pytest.mark.parametrize("mode", [Solo(), Majority(seed=3)], ids=["solo", "majority"])
+@pytest.mark.parametrize("mode", [Solo(), Majority(seed=3), Majority(seed=3, quorum=2)],
+                         ids=["solo", "majority", "majority_quorum"])
 @pytest.mark.parametrize("P", [2, 3, 4, 7, 8])
 def test_a_balanced_flush_is_one_round_and_sends_nothing(P, mode):
     world = balanced_world(P, mode)
@@ -266,7 +278,9 @@ def test_a_balanced_flush_is_one_round_and_sends_nothing(P, mode):
     run_without_releases(world)
     assert all(world.idle(j) for j in range(P)), "a flush still waits"
     world.run_communication()
-    assert sent == []  # no gather, no activation
+    # no gather, no activation (with a quorum, the one notice that nobody trains any more, at most)
+    assert [m for m in sent if type(m) is not QuorumMet] == [] and len(sent) <= 1
+    sent.clear()
     for j in range(P):
         last = world.results(j)[-1]
         assert (last.round, last.flush, last.contributors) == (c, True, [])
@@ -277,10 +291,11 @@ def test_a_balanced_flush_is_one_round_and_sends_nothing(P, mode):
     assert all(world.idle(j) for j in range(P))
     assert [int(world.results(j)[-1].array[0]) for j in range(P)] == [4 * P] * P
     world.run_communication()
-    assert sent == []
+    assert [m for m in sent if type(m) is not QuorumMet] == [] and len(sent) <= 1
 
 
-@pytest.mark.parametrize("mode", [Solo(), Majority(seed=3)], ids=["solo", "majority"])
+@pytest.mark.parametrize("mode", [Solo(), Majority(seed=3), Majority(seed=3, quorum=2)],
+                         ids=["solo", "majority", "majority_quorum"])
 @pytest.mark.parametrize("P", [2, 3, 5, 8])
 @pytest.mark.parametrize("trainer", [0, -1])
 def test_a_rank_still_training_at_a_balanced_flush_loses_nothing(P, mode, trainer):
@@ -307,7 +322,8 @@ def test_a_rank_still_training_at_a_balanced_flush_loses_nothing(P, mode, traine
     assert len(since) <= 3  # at most one round with nobody's data besides the trainer's and the flush round
 
 
-@pytest.mark.parametrize("mode", [Solo(), Majority(seed=3)], ids=["solo", "majority"])
+@pytest.mark.parametrize("mode", [Solo(), Majority(seed=3), Majority(seed=3, quorum=2)],
+                         ids=["solo", "majority", "majority_quorum"])
 @pytest.mark.parametrize("P", [2, 3, 4, 8])
 def test_a_delay_that_ends_after_everyone_joined_drops_the_flood_before_the_round_completes(P, mode):
     """The host tells the end of a delay whether every rank joined (the engine
@@ -315,6 +331,8 @@ def test_a_delay_that_ends_after_everyone_joined_drops_the_flood_before_the_roun
     world = balanced_world(P, mode)
     sent = count_activations(world)
     post_all(world, P, 3)  # in balanced training every post joins its round at once
+    for event in [e for e in world.communication_events() if delivers(world, e, QuorumMet)]:
+        world.apply(event)  # (with a quorum the designated rank starts the round once told it is met)
     releases = [e for e in world.communication_events() if is_release(world, e)]
     assert releases and not any(world.idle(j) for j in range(P))
     dropped = sum(machine(world, j).floods_dropped for j in range(P))

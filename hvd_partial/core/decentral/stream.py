@@ -59,10 +59,13 @@ of round ``c`` as every other rank, and has not yet heard that ``c`` started):
   if the host's timer comes with ``everyone_joined`` (the round's facts,
   reduced before its data, completed). A rank that never posts is reached
   one delay later at most.
-  Majority without a quorum does the same at the designated initiator, and
+  Majority does the same at the designated initiator (with a quorum, once
+  the quorum is met; the others add to the counter as they hold data), and
   every other rank whose post waits for such a round joins it early: the
-  designated start is certain (its post, its flush or the world's failure),
-  so the early joiner's data is where the activation would have put it. An
+  designated start is certain (its post, its flush or the world's failure;
+  with a quorum, every rank eventually holds data or flushes, and the quorum
+  is met once nobody trains), so the early joiner's data is where the
+  activation would have put it. An
   early joiner sends nothing until an activation of the round reaches it
   (which can only come from the designated rank's flood), then floods on like
   a held-back starter; ``awaiting_start`` names its round meanwhile, so that
@@ -155,9 +158,8 @@ class DecentralStream:
         # A round nobody contributed to does not answer a post (the framework adapters
         # expect a post's rounds to bring data): the post waits for the next round.
         self.posts_need_data = posts_need_data
-        # Rounds of balanced training flood only if someone needs it (module docstring); a
-        # quorum needs its notices, so majority holds back only without one.
-        self.defer_activations = defer_activations and (kind == "solo" or quorum is None)
+        # Rounds of balanced training flood only if someone needs it (module docstring).
+        self.defer_activations = defer_activations
         self.held_back: int | None = None  # the round whose flood this rank holds back
         self.floods_held = 0  # rounds whose flood was held back here (on the host's timer)
         self.floods_dropped = 0  # ... and never needed: the round completed first
@@ -506,22 +508,27 @@ class DecentralStream:
 
     def _progress_balanced(self, held: _Held) -> list:
         """``_progress`` for a round of balanced training (no blockers, nobody
-        flushing in the view, no quorum): no gather and no notice, so the
-        round is started, held back, at once by whoever may start it. A
-        flushing rank joins it too, without the flush gather."""
+        flushing in the view): no gather, so the round is started, held back,
+        at once by whoever may start it (with a quorum, the designated rank
+        once the quorum is met). A flushing rank joins it too, without the
+        flush gather."""
         waiter = self.waiter
+        out: list = []
         if self.kind == "solo":
             if waiter is None:  # pending data with no post waiting: another rank's round takes it
                 return []
             out = self._hold_back(held.view.round)
-        elif held.designated == self.rank:
-            if not self.pending and not self.flushing:
-                return []
-            out = self._hold_back(held.view.round)
-        elif waiter is not None and ((self.pending and waiter[0] == "post") or self.flushing):
-            out = self._join_early(held.view.round)
         else:
-            return []
+            if self.quorum is not None:
+                self._count(held, bool(self.pending), out)
+            if held.designated == self.rank:
+                if (not self.pending and not self.flushing) or (self.quorum is not None and not held.quorum_met):
+                    return out
+                out += self._hold_back(held.view.round)
+            elif waiter is not None and ((self.pending and waiter[0] == "post") or self.flushing):
+                out += self._join_early(held.view.round)
+            else:
+                return out
         if self.flushing:
             self.joined_at_flush += 1
         return out
