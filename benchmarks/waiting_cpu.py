@@ -40,10 +40,10 @@ WAYS = ("asleep", "majority post", "sync post", "bare Allreduce")
 STREAM = "waiting"
 
 
-def seed_designating(computing: list[int], streams: list[str], size: int) -> int:
-    """A seed that designates a computing rank for round 2 of every stream."""
+def seed_designating(computing: list[int], streams: list[str], size: int, rounds=(2, 3, 4)) -> int:
+    """A seed that designates a computing rank for rounds 2 to 4 of every stream."""
     for seed in range(1_000_000):
-        if all(designated_initiator(seed, name, 2, size) in computing for name in streams):
+        if all(designated_initiator(seed, name, r, size) in computing for name in streams for r in rounds):
             return seed
     raise SystemExit("no seed found; use fewer blocks")
 
@@ -68,14 +68,16 @@ def main():
     products = int(args.compute_s / ((time.perf_counter() - start) / 100))
     products = int(hvd.allreduce(np.array([float(products)]), op=hvd.Average)[0])
     # A majority stream per block, registered beforehand (round 0 sums every
-    # rank's first post, round 1 is a flush): in the block, round 2 waits for
-    # its designated initiator, a computing rank.
+    # rank's first post, then a flush: round 1 is the flush round, or round 2
+    # if a rank still trained when round 1 started): in the block, the next
+    # round waits for its designated initiator, a computing rank.
     streams = [f"{STREAM}-{b}" for b in range(args.blocks)]
     mode = hvd.Majority(seed=seed_designating(computing, streams, size))
     grad = np.ones(256, np.float32)
+    next_round = {}
     for name in streams:
         hvd.partial_allreduce(grad, name, mode=mode)
-        hvd.flush(name)
+        next_round[name] = hvd.flush(name)[-1].round + 1
     hvd.partial_allreduce(grad, "sync", mode=hvd.Sync())
     compute_s = {w: [] for w in WAYS}
     waiting_cpu = {w: [] for w in WAYS}
@@ -92,7 +94,8 @@ def main():
             if way == "majority post":
                 taken = hvd.partial_allreduce(grad, streams[block], mode=mode)
                 if waiting:  # a computing rank may also take the round a flushing waiting rank started
-                    assert [(r.round, r.initiator in computing) for r in taken] == [(2, True)], taken
+                    expected = [(next_round[streams[block]], True)]
+                    assert [(r.round, r.initiator in computing) for r in taken] == expected, (expected, taken)
             elif way in ("sync post", "asleep"):
                 hvd.partial_allreduce(grad, "sync", mode=hvd.Sync())
             else:
