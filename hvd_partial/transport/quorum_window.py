@@ -36,7 +36,9 @@ class QuorumWindow:
         mine = np.frombuffer(self._win.tomemory(), dtype=np.int64)
         mine[:] = 0
         comm.Barrier()  # every rank's counters are zero before anyone adds
-        self._win.Lock_all()
+        # The access epoch (local to this rank) begins at the first use: a job without a
+        # quorum keeps no RMA epoch open in its MPI library's progress engine.
+        self._locked = False
         self._operand = np.zeros(1, dtype=np.int64)
         self._before = np.zeros(1, dtype=np.int64)
 
@@ -50,6 +52,9 @@ class QuorumWindow:
         return StreamCounters(self, 2 * index)
 
     def fetch_and_op(self, target: int, displacement: int, value: int, op) -> int:
+        if not self._locked:
+            self._win.Lock_all()
+            self._locked = True
         self._operand[0] = value
         self._win.Fetch_and_op(self._operand, self._before, target, displacement, op)
         self._win.Flush(target)
@@ -57,7 +62,8 @@ class QuorumWindow:
 
     def free(self) -> None:
         """Collective: every rank, at shutdown."""
-        self._win.Unlock_all()
+        if self._locked:
+            self._win.Unlock_all()
         self._win.Free()
 
 
