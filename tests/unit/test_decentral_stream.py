@@ -69,6 +69,12 @@ class Script:
     def post(self, j, payload):
         return self.act(j, self.streams[j].post(payload))
 
+    def register(self):
+        """Every rank's first post, and round 0 completed everywhere."""
+        for j in range(len(self.streams)):
+            self.post(j, f"reg{j}")
+        self.settle()
+
     def flush(self, j):
         return self.act(j, self.streams[j].flush())
 
@@ -125,9 +131,7 @@ def test_two_laggards_at_p3_tau1_are_gathered_to_one_root():
 def test_majority_round_waits_for_its_designated_initiator_and_quorum():
     P = 4
     w = Script(P, "majority", tau=3, seed=5, quorum=3)
-    for j in range(P):
-        w.post(j, f"reg{j}")
-    w.settle()
+    w.register()
     d = w.streams[0].held.designated
     assert all(s.held.designated == d for s in w.streams)
     w.post(d, "d1")
@@ -148,9 +152,7 @@ def test_majority_round_waits_for_its_designated_initiator_and_quorum():
 def test_a_quorum_met_by_the_designated_initiators_own_post_sends_no_notice_and_counters_are_reused():
     P = 5
     w = Script(P, "majority", tau=8, seed=3, quorum=2)
-    for j in range(P):
-        w.post(j, f"reg{j}")
-    w.settle()
+    w.register()
     for r in range(1, 7):  # rounds 1..6: two slots per rank, each reused
         d = w.streams[0].held.designated
         other = (d + 1) % P
@@ -179,9 +181,7 @@ def test_a_quorum_counter_is_zeroed_before_its_next_use_not_after():
     w = Script(P, "majority", tau=8, seed=0, quorum=3)
     assert [w.streams[0]._designated(r) for r in (1, 2, 3)] == [d, 1, d]
     others = [0, 1, 2]
-    for j in range(P):
-        w.post(j, f"reg{j}")
-    w.settle()
+    w.register()
     for j in range(P):
         w.post(j, f"a{j}")
     late = w.settle(hold_completions_of=d)  # round 1 completes everywhere but at rank 3
