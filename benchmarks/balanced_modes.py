@@ -47,6 +47,9 @@ def parse_args(argv=None):
 
 
 def make_mode(name: str):
+    """``sync``, ``solo``, ``majority``, or ``majority_q<k>``: majority with quorum k."""
+    if name.startswith("majority_q"):
+        return hvd.Majority(seed=1, quorum=int(name[len("majority_q"):]))
     return {"sync": hvd.Sync(), "solo": hvd.Solo(), "majority": hvd.Majority(seed=1)}[name]
 
 
@@ -54,7 +57,8 @@ def stream_counts() -> dict:
     """This rank's held, dropped, early-joined and flush-joined rounds per decentralized stream."""
     control = session.current().engine._driver.control
     return {machine.name: (machine.floods_held, machine.floods_dropped, machine.joined_early,
-                           getattr(machine, "joined_at_flush", 0), machine.completed)
+                           getattr(machine, "joined_at_flush", 0), machine.completed,
+                           machine.quorum_additions, machine.quorum_notices)
             for machine in getattr(control, "streams", {}).values()}
 
 
@@ -132,9 +136,10 @@ def main(argv=None) -> int:
                   f"{statistics.median(flush_ms[name]):9.2f} "
                   f"{statistics.median(engine_us[name]):16.0f} {statistics.median(compute_us[name]):17.0f}  "
                   + " ".join(f"{r:.0f}" for r in rates[name]))
-        print("held / dropped / joined early / joined at a flush / rounds, per rank:")
+        print("held / dropped / joined early / joined at a flush / rounds / quorum additions / quorum notices, "
+              "per rank:")
         for stream in counts[0]:
-            print(f"  {stream}: " + ", ".join("%d/%d/%d/%d/%d" % per_rank[stream] for per_rank in counts))
+            print(f"  {stream}: " + ", ".join("%d/%d/%d/%d/%d/%d/%d" % per_rank[stream] for per_rank in counts))
     for _, optimizer in trainers.values():
         optimizer.close()
     hvd.shutdown()
