@@ -1,11 +1,12 @@
 """Majority's quorum counters over MPI: one passive-target one-sided window.
 
-Every rank exposes ``2 * MAX_QUORUM_STREAMS`` 64-bit counters (two per
-majority stream with a quorum; see :mod:`hvd_partial.core.decentral.quorum`
-for why two and when they are zeroed). A rank adds to the counter at a
+Every rank exposes ``QUORUM_SLOTS * MAX_QUORUM_STREAMS`` 64-bit counters
+(three per majority stream with a quorum; see
+:mod:`hvd_partial.core.decentral.quorum` for why three and when they are
+zeroed). A rank adds to the counter at a
 round's designated initiator with ``MPI_Fetch_and_op`` and flushes it, so
-the addition is complete at the target before the rank joins the round; the
-target's engine takes no part. Zeroing is the same atomic operation with
+the addition is complete at the target on return; the target's engine takes
+no part. Zeroing is the same atomic operation with
 ``MPI_REPLACE`` on this rank's own counter, so it is atomic with respect to
 the others' additions.
 
@@ -22,9 +23,10 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from ..core.decentral.quorum import QUORUM_SLOTS
 from ..errors import TooManyStreamsError
 
-MAX_QUORUM_STREAMS = 256  # per session: 4 KiB of counters per rank
+MAX_QUORUM_STREAMS = 256  # per session: 6 KiB of counters per rank
 
 
 class QuorumWindow:
@@ -32,7 +34,7 @@ class QuorumWindow:
 
     def __init__(self, comm):
         self.rank = comm.Get_rank()
-        self._win = MPI.Win.Allocate(2 * MAX_QUORUM_STREAMS * 8, 8, comm=comm)
+        self._win = MPI.Win.Allocate(QUORUM_SLOTS * MAX_QUORUM_STREAMS * 8, 8, comm=comm)
         mine = np.frombuffer(self._win.tomemory(), dtype=np.int64)
         mine[:] = 0
         comm.Barrier()  # every rank's counters are zero before anyone adds
@@ -49,7 +51,7 @@ class QuorumWindow:
                 f"rank {self.rank}: more than {MAX_QUORUM_STREAMS} majority streams with a quorum in one session "
                 "(their counters share one MPI window, made at init); reduce many arrays as one stream with "
                 "grouped_partial_allreduce_async")
-        return StreamCounters(self, 2 * index)
+        return StreamCounters(self, QUORUM_SLOTS * index)
 
     def fetch_and_op(self, target: int, displacement: int, value: int, op) -> int:
         if not self._locked:

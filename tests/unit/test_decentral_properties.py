@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from hvd_partial.core.activation import max_hops
+from hvd_partial.core.decentral import QUORUM_SLOTS
 from hvd_partial.core.decentral.facts import FLUSHING, KNOWN_TAKEN, STALENESS
 from hvd_partial.errors import RankFailedError
 from hvd_partial.modes import designated_initiator
@@ -69,17 +70,26 @@ def check_counts(world: DecentralWorld, stats: dict):
 
 def watch_quorum_counters(world: DecentralWorld) -> dict:
     """Record which round each addition to a quorum counter was for, and
-    check at every zeroing that the slot holds additions for the round just
-    over only: zeroing too early would lose an addition for the slot's next
-    round (the quorum would then be met late, or at a flush, which the other
-    checks cannot see)."""
+    check at every zeroing that the slot holds additions for rounds its rank
+    has joined only, and at every addition that its round's counter was not
+    zeroed yet: zeroing too early would lose an addition (the quorum would
+    then be met late, or at a flush, which the other checks cannot see)."""
     counters, streams = world.quorum_counters, world.streams
     rounds_in: dict = {}  # (owner, slot) -> rounds of the additions since its last zeroing
-    seen = {"additions": 0, "zeroings": 0}
+    zeroed_up_to: dict = {}  # (owner, slot) -> the round whose counter its last zeroing ended
+    seen = {"additions": 0, "zeroings": 0, "deferred": 0}
 
     def added(rank, owner):
-        held_round = streams[rank].held.view.round
-        rounds_in.setdefault((owner, held_round % 2), set()).add(held_round)
+        stream = streams[rank]
+        if stream.held is not None:
+            held_round = stream.held.view.round
+        else:  # a balanced round's addition, kept back to the end of the activation delay
+            held_round = stream.deferred_count[0]
+            seen["deferred"] += 1
+        slot = (owner, held_round % QUORUM_SLOTS)
+        assert zeroed_up_to.get(slot, -1) < held_round, \
+            f"rank {rank} added for round {held_round} to a counter zeroed after it, at rank {owner}"
+        rounds_in.setdefault(slot, set()).add(held_round)
         seen["additions"] += 1
 
     def cleared(rank, slot):
@@ -87,6 +97,7 @@ def watch_quorum_counters(world: DecentralWorld) -> dict:
         found = rounds_in.pop((rank, slot), set())
         # an addition for a round that the slot's rank has not joined yet is still needed there
         assert all(r <= joined for r in found), f"rank {rank} (joined {joined}) zeroed additions for {found}"
+        zeroed_up_to[(rank, slot)] = joined - 2
         seen["zeroings"] += 1
 
     counters.on_add = added

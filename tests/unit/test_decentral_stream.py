@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from hvd_partial.core.activation import max_hops
-from hvd_partial.core.decentral import (Activate, Complete, DecentralStream, Gathered, Join, QuorumMet, Send,
-                                        SharedQuorumCounters)
+from hvd_partial.core.decentral import (QUORUM_SLOTS, Activate, Complete, DecentralStream, Gathered, Join, QuorumMet,
+                                        ReleaseActivation, Send, SharedQuorumCounters)
 from hvd_partial.core.messages import StreamSignature
 from hvd_partial.errors import MismatchError, StreamConflictError
 from hvd_partial.sim.decentral_world import DecentralWorld
@@ -153,8 +153,9 @@ def test_a_quorum_met_by_the_designated_initiators_own_post_sends_no_notice_and_
     P = 5
     w = Script(P, "majority", tau=8, seed=3, quorum=2)
     w.register()
-    for r in range(1, 7):  # rounds 1..6: two slots per rank, each reused
-        d = w.streams[0].held.designated
+    designated = {}
+    for r in range(1, 7):  # rounds 1..6: three slots per rank, each reused
+        d = designated[r] = w.streams[0].held.designated
         other = (d + 1) % P
         w.post(other, f"x{r}")
         w.settle()
@@ -165,43 +166,87 @@ def test_a_quorum_met_by_the_designated_initiators_own_post_sends_no_notice_and_
         contributed = {j: join.contributions for j, join in w.joins[r].items() if join.contributions}
         assert contributed == {d: [f"d{r}"], other: [f"x{r}"]}
     assert not [m for _, _, m in w.sent if type(m) is QuorumMet]  # each quorum was met by D's own addition
-    # every round's counter was zeroed by its designated rank when it joined the next round,
-    # but the last one's (6): round 7 has not started
+    # every round's counter was zeroed by its designated rank when it joined the round after next,
+    # but the last two's (5 and 6): round 7 has not started
     nonzero = {key: v for key, v in w.counters.values.items() if v}
-    assert nonzero == {(0, d, 0): 2} and w.counters.additions == 12
+    assert nonzero == {(0, designated[5], 5 % QUORUM_SLOTS): 2, (0, designated[6], 6 % QUORUM_SLOTS): 2}
+    assert w.counters.additions == 12
 
 
-def test_a_quorum_counter_is_zeroed_before_its_next_use_not_after():
-    """Rank 3 designates rounds 1 and 3 (seed 0, P=4), which share its counter
-    slot. It joins round 2 before it completes round 1, and the others add
-    for round 3 meanwhile; zeroing the slot when round 1 completes there
-    would lose two of the three additions the quorum needs, and every rank
-    would wait for ever."""
-    P, d = 4, 3
-    w = Script(P, "majority", tau=8, seed=0, quorum=3)
-    assert [w.streams[0]._designated(r) for r in (1, 2, 3)] == [d, 1, d]
-    others = [0, 1, 2]
+def test_a_quorum_counter_is_zeroed_only_when_no_addition_for_its_round_can_come():
+    """Balanced rounds with a quorum: a rank adds to the counter only when its
+    activation delay ends before the round completes there, which may be after
+    the designated rank went on to the next round. Rank 1 designates rounds 2
+    and 5 (seed 0, P=4), which share its counter slot; rank 0's delay of round
+    2 ends after rank 1 joined round 3. Zeroing the slot when rank 1 joins
+    round 3 would keep that addition for round 5, whose quorum of three would
+    then be met with two holders."""
+    P = 4
+    w = Script(P, "majority", tau=8, seed=0, quorum=3, defer_activations=True)
+    assert [w.streams[0]._designated(r) for r in (1, 2, 3, 4, 5)] == [3, 1, 3, 0, 1]
     w.register()
-    for j in range(P):
+    for j in range(P):  # round 1, balanced: everyone joins by itself, nobody adds
         w.post(j, f"a{j}")
-    late = w.settle(hold_completions_of=d)  # round 1 completes everywhere but at rank 3
-    assert [w.streams[j].completed for j in range(P)] == [2, 2, 2, 1]
-    for j in others:
+    w.settle()
+    assert all(s.completed == 2 for s in w.streams) and w.counters.additions == 0
+    for j in range(P):  # round 2: completes everywhere but at rank 0, whose delay has not ended
         w.post(j, f"b{j}")
-    late += w.settle(hold_completions_of=d)  # round 2, which rank 3 joins when its activation arrives
-    assert [w.streams[j].completed for j in range(P)] == [3, 3, 3, 1] and w.streams[d].activation.latest == 2
-    for j in others[:2]:
-        w.post(j, f"c{j}")  # two additions to rank 3's counter of round 3
-    late += w.settle(hold_completions_of=d)
-    assert w.counters.values[(0, d, 1)] == 2
+    late = w.settle(hold_completions_of=0)
+    for j in (1, 2, 3):  # round 3: they join; it waits for rank 0
+        w.post(j, f"c{j}")
+    w.settle()
+    assert w.streams[1]._last_joined == 3 and w.streams[0].held_back == 2
+    w.deliver((0, 0, ReleaseActivation(2)))  # rank 0's delay of round 2 ends: it adds at rank 1
+    assert w.counters.values[(0, 1, 2 % QUORUM_SLOTS)] == 1
+    for item in late:
+        w.deliver(item)
+    w.post(0, "c0")
+    w.settle()
+    assert all(s.completed == 4 for s in w.streams)
+    # round 4 (designated rank 0), balanced; rank 3 does not post, so the delays end and the
+    # additions of ranks 0, 1 and 2 make the quorum: rank 0 floods, rank 3 joins with nothing
+    for j in (0, 1, 2):
+        w.post(j, f"d{j}")
+    w.settle()
+    w.deliver((0, 0, ReleaseActivation(4)))
+    assert w.streams[0].flood_awaits_quorum == 4  # one holder counted, three needed
+    for j in (1, 2):
+        w.deliver((j, j, ReleaseActivation(4)))
+    w.settle()
+    assert all(s.completed == 5 for s in w.streams)
+    assert sorted(j for j, join in w.joins[4].items() if join.contributions) == [0, 1, 2]
+    assert [(src, m) for src, dest, m in w.sent if type(m) is QuorumMet] == [(2, QuorumMet(4))]
+    # round 5 (designated rank 1) follows a round without rank 3: not balanced, holders add at once
+    w.post(2, "e2")
+    w.post(1, "e1")
+    w.settle()
+    assert all(s.completed == 5 for s in w.streams), "round 5 started with two holders"
+    w.post(0, "e0")
+    w.settle()
+    assert all(s.completed == 6 for s in w.streams)
+    assert sorted(j for j, join in w.joins[5].items() if join.contributions) == [0, 1, 2]
+
+
+def test_a_rank_that_joins_the_next_round_drops_what_it_held_back_for_the_last():
+    """Someone completed round c to start c + 1, so every rank joined c: a rank
+    that joins c + 1 before c completes there (c + 1's activation came first)
+    neither floods c nor adds to c's quorum counter when its delay ends."""
+    P = 4
+    w = Script(P, "majority", tau=8, seed=0, quorum=3, defer_activations=True)
+    w.register()
+    for j in range(P):  # round 1 (designated rank 3), balanced: rank 0 joins early
+        w.post(j, f"a{j}")
+    late = w.settle(hold_completions_of=0)
+    assert w.streams[0].held_back == 1 and w.streams[0].deferred_count is not None
+    w.act(0, w.streams[0].on_message(1, Activate(2)))
+    assert w.streams[0].held_back is None and w.streams[0].deferred_count is None
+    sent = len(w.sent)
+    w.deliver((0, 0, ReleaseActivation(1)))  # its delay of round 1 ends: nothing to do
+    assert w.counters.additions == 0 and len(w.sent) == sent
     for item in late:
         w.deliver(item)
     w.settle()
-    w.post(others[2], "c2")
-    w.post(d, "c3")
-    w.settle()
-    assert all(s.completed == 4 for s in w.streams)
-    assert sorted(w.joins[3][j].contributions[0] for j in range(P)) == ["c0", "c1", "c2", "c3"]
+    assert [s.completed for s in w.streams] == [3] * P  # (round 2, on that activation, with no data)
 
 
 def signature(shape=(4,), dtype="float32", tau=2):

@@ -46,6 +46,7 @@ def run_schedule(world_size, mode, tau, posts_per_rank, seed, speeds, drain=Fals
     index = 0
     owner = {}
     eager_checks = 0
+    world.rounds_before_first_flush = None  # rounds completed anywhere when the first rank flushed
     while True:
         events = [("comm", e) for e in world.communication_events()]
         for j in range(world_size):
@@ -68,6 +69,8 @@ def run_schedule(world_size, mode, tau, posts_per_rank, seed, speeds, drain=Fals
             remaining[what] -= 1
             world.post(what, [one_hot])
         else:
+            if world.rounds_before_first_flush is None:
+                world.rounds_before_first_flush = max(len(world.results(j)) for j in range(world_size))
             flushed[what] = True
             world.flush(what)
         if drain and kind != "comm":
@@ -144,6 +147,11 @@ def check_invariants(world, total, owner, tau, mode):
         for rank in res.contributors:
             oldest = min(owner[i][1] for i in np.flatnonzero(res.array) if owner[i][0] == rank)
             assert res.staleness[rank] == res.round - oldest
+    # Quorum: a round made up before anyone flushed has at least k contributors.
+    if getattr(mode, "quorum", None) is not None:
+        for res in reference[1:getattr(world, "rounds_before_first_flush", None) or 0]:
+            assert len(res.contributors) >= min(mode.quorum, P), \
+                f"round {res.round}: {res.contributors} contributed, quorum {mode.quorum}"
     # Majority: initiators are the designated ones, identical on every rank.
     if mode.kind == "majority":
         for res in reference:
@@ -201,25 +209,31 @@ def test_held_back_paths_run_in_random_schedules():
     dropped (solo, and majority's designated ranks), majority's other
     ranks join early, ranks that flush in balanced training join the round
     without the flush gather, and every invariant still holds."""
-    counts = {"solo": [0, 0, 0, 0], "majority": [0, 0, 0, 0]}
-    for seed in range(200):
+    counts = {"solo": [0, 0, 0, 0], "majority": [0, 0, 0, 0], "majority_quorum": [0, 0, 0, 0]}
+    deferred_additions = notices = 0
+    for seed in range(300):
         rng = random.Random(seed)
         P = rng.randint(2, 6)
-        mode = Solo() if seed % 2 else Majority(seed=seed % 5)
+        mode = [Solo(), Majority(seed=seed % 5), Majority(seed=seed % 5, quorum=rng.randint(2, P))][seed % 3]
         tau = rng.randint(1, 3)
         world, total, owner, _ = run_schedule(P, mode, tau, [rng.randint(3, 8) for _ in range(P)], seed,
                                               [rng.randint(6, 8) for _ in range(P)], plane="decentral+held")
         check_invariants(world, total, owner, tau, mode)
         for rank in world.ranks:
             machine = rank.driver.control.streams[0]
-            tally = counts[mode.kind]
+            tally = counts[mode.kind + ("_quorum" if getattr(mode, "quorum", None) else "")]
+            deferred_additions += machine.deferred_additions
+            notices += machine.quorum_notices
             tally[0] += machine.floods_held
             tally[1] += machine.floods_dropped
             tally[2] += machine.joined_early
             tally[3] += machine.joined_at_flush
-    solo, majority = counts["solo"], counts["majority"]
+    solo, majority, quorum = counts["solo"], counts["majority"], counts["majority_quorum"]
     assert solo[0] > 100 and solo[1] > 10 and solo[2] == 0 and solo[3] > 20, counts
     assert majority[0] > 50 and majority[1] > 10 and majority[2] > 50 and majority[3] > 20, counts
+    assert quorum[0] > 50 and quorum[1] > 10 and quorum[2] > 50 and quorum[3] > 20, counts
+    # balanced rounds whose delays ended first: the additions kept back, and quorums met by a notice
+    assert deferred_additions > 20 and notices > 5, (deferred_additions, notices)
 
 
 @planes
@@ -282,18 +296,17 @@ def test_quorum_holds_round_until_k_ranks_have_data(plane):
         world.post(j, [np.ones(1)])
     world.run_communication()
     designated = mode.initiator("stream", 1, P)
-    world.post(designated, [np.ones(1)])
-    world.run_communication()
-    # (rounds started at the designated rank: with held-back activation the others join early)
-    assert rounds_started(world, designated) == 1
     others = [j for j in range(P) if j != designated]
-    world.post(others[0], [np.ones(1)])
-    world.run_communication()
-    assert rounds_started(world, designated) == 1 and not world.idle(designated)
+    completed = len(world.results(designated))
+    # (with held-back activation the designated rank joins at its post and floods once the quorum is met)
+    for j in [designated, others[0]]:
+        world.post(j, [np.ones(1)])
+        world.run_communication()
+        assert not world.idle(designated) and len(world.results(designated)) == completed
     world.post(others[1], [np.ones(1)])
     world.run_communication()
-    assert rounds_started(world, designated) == 2
-    assert len(world.results(designated)[-1].contributors) == 3
+    assert all(world.idle(j) for j in range(P)) and len(world.results(designated)) == completed + 1
+    assert world.results(designated)[-1].contributors == sorted([designated] + others[:2])
 
 
 @planes

@@ -17,9 +17,9 @@ from .gather import Gather
 from .liveness import RingLiveness
 from .messages import (Activate, Complete, Defer, Failed, Gathered, Heartbeat, Join, PeerFailed, QuorumMet, Rejected,
                        ReleaseActivation, Send)
-from .quorum import QuorumCounters, SharedQuorumCounters, quorum_met
+from .quorum import QUORUM_SLOTS, QuorumCounters, SharedQuorumCounters, quorum_met
 from .stream import DecentralStream
 
 __all__ = ["DecentralStream", "Agreements", "AgreementReport", "AgreementOutcome", "RingLiveness", "RoundView", "Gather",
-           "QuorumCounters", "SharedQuorumCounters", "quorum_met", "Activate", "Complete", "Defer", "Failed",
+           "QUORUM_SLOTS", "QuorumCounters", "SharedQuorumCounters", "quorum_met", "Activate", "Complete", "Defer", "Failed",
            "Gathered", "Heartbeat", "Join", "PeerFailed", "QuorumMet", "Rejected", "ReleaseActivation", "Send"]

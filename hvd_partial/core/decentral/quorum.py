@@ -12,13 +12,24 @@ grows, so exactly one addition turns it true: that rank alone tells ``D``
 A counter value packs two counts: ranks that hold data (low 32 bits) and
 ranks that began flushing since the round's view was made (high 32 bits).
 
-Each stream has two counter slots per rank; round ``c`` uses slot
-``c % 2`` at ``D(c)``. ``D(c)`` zeroes that slot when it joins round
-``c + 1``. That is safe both ways: every addition for ``c`` is complete
-before its rank joins ``c``, and so before anyone completes ``c``, which
-someone must have done before ``c + 1`` started anywhere; and an addition
-for ``c + 2`` (the slot's next use) comes from a rank that completed
-``c + 1``, which every rank, ``D(c)`` too, joined after the zeroing.
+In balanced training (the round's view has every rank training and the last
+round had them all) a rank that joins the round by itself (majority's
+designated rank, or an early joiner) keeps its addition back until its
+activation delay ends: a round that every rank joined by itself has every
+holder in it, so its quorum holds whatever it counts, and most such rounds
+complete first and add nothing. Only when the delay ends first does the rank
+add, and the designated rank then floods the round once the quorum is met.
+
+Each stream has ``QUORUM_SLOTS`` (three) counter slots per rank; round ``c``
+uses slot ``c % 3`` at ``D(c)``, which zeroes it when it joins round
+``c + 2``. That is safe both ways. Every addition for ``c`` is made before
+its rank joins ``c + 1``: before it joins ``c``, or at the end of its delay
+while it has joined nothing later (a rank that joins ``c + 1`` learns that
+everyone joined ``c``, since someone completed it, and drops what it kept
+back). ``D(c)`` joins ``c + 2`` only once someone completed ``c + 1``, so
+after every rank joined ``c + 1``. And an addition for ``c + 3`` (the slot's
+next use) comes from a rank that completed ``c + 2``, which ``D(c)`` joined,
+zeroing first.
 
 The counters are a host's: the MPI engine keeps them in a one-sided window
 (:class:`hvd_partial.transport.mpi.QuorumWindow`), the in-process worlds in
@@ -30,6 +41,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Protocol
 
+QUORUM_SLOTS = 3  # counters per stream and rank (see above)
 HOLDS = 1  # what a rank adds once it holds data for the round
 BEGAN_FLUSHING = 1 << 32  # ... once it began flushing, not known from the round's view
 _LOW = (1 << 32) - 1
@@ -50,7 +62,7 @@ class QuorumCounters(Protocol):
 
     def add(self, owner: int, slot: int, amount: int) -> int:
         """Atomically add ``amount`` to rank ``owner``'s counter ``slot``
-        (0 or 1), complete at ``owner`` on return; returns the value before."""
+        (below ``QUORUM_SLOTS``), complete at ``owner`` on return; returns the value before."""
 
     def clear(self, slot: int) -> None:
         """Zero this rank's own counter ``slot``, complete on return."""

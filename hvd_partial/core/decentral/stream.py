@@ -59,13 +59,14 @@ of round ``c`` as every other rank, and has not yet heard that ``c`` started):
   if the host's timer comes with ``everyone_joined`` (the round's facts,
   reduced before its data, completed). A rank that never posts is reached
   one delay later at most.
-  Majority does the same at the designated initiator (with a quorum, once
-  the quorum is met; the others add to the counter as they hold data), and
-  every other rank whose post waits for such a round joins it early: the
-  designated start is certain (its post, its flush or the world's failure;
-  with a quorum, every rank eventually holds data or flushes, and the quorum
-  is met once nobody trains), so the early joiner's data is where the
-  activation would have put it. An
+  Majority does the same at the designated initiator, and every other rank
+  whose post waits for such a round joins it early: the designated start is
+  certain (its post, its flush or the world's failure), so the early
+  joiner's data is where the activation would have put it. With a quorum,
+  the designated rank and the early joiners keep their additions to the
+  counter back until their delay ends (a round every rank joined by itself
+  meets its quorum), and the designated rank floods only once the quorum is
+  met (:mod:`.quorum`). An
   early joiner sends nothing until an activation of the round reaches it
   (which can only come from the designated rank's flood), then floods on like
   a held-back starter; ``awaiting_start`` names its round meanwhile, so that
@@ -91,7 +92,7 @@ from ..round_result import RoundResult, any_data
 from .facts import FLUSHING, INITIATED, KNOWN_TAKEN, STALENESS, RoundView, empty_facts, round_facts
 from .gather import Gather, position_in_sorted
 from .messages import Activate, Complete, Defer, Gathered, Join, QuorumMet, Rejected, ReleaseActivation, Send
-from .quorum import BEGAN_FLUSHING, HOLDS, QuorumCounters, SharedQuorumCounters, quorum_met
+from .quorum import BEGAN_FLUSHING, HOLDS, QUORUM_SLOTS, QuorumCounters, SharedQuorumCounters, quorum_met
 
 
 @dataclass(slots=True)
@@ -151,6 +152,12 @@ class DecentralStream:
         self.counters = counters
         self.quorum_additions = 0  # additions this rank made to quorum counters
         self.quorum_notices = 0  # ... that made a quorum at another rank, which it told
+        # A balanced round joined with a quorum: (round, designated rank, amount, training)
+        # of the addition this rank makes only if its activation delay ends first.
+        self.deferred_count: tuple | None = None
+        self.deferred_additions = 0  # ... made so, the round's delay having ended first
+        # At the designated rank: the balanced round whose flood waits for its quorum.
+        self.flood_awaits_quorum: int | None = None
         self.signature = signature  # compared across ranks at registration (equality)
         # Registration agreed by someone else (the driver's registration): no
         # registration gather; round 0 starts at registered().
@@ -246,7 +253,12 @@ class DecentralStream:
             if msg.everyone_joined:  # nobody needs the flood: drop it before the data completes
                 self._drop_flood(msg.round)
                 return []
+            if self.deferred_count is not None:
+                return self._count_deferred(msg.round)
             return self._release(msg.round)
+        if type(msg) is QuorumMet and msg.round == self.flood_awaits_quorum:
+            self.flood_awaits_quorum = None
+            return self._release(msg.round) if self.held_back == msg.round else []
         if msg.round <= self.activation.latest:
             return []  # that round started already
         held = self.held
@@ -314,7 +326,7 @@ class DecentralStream:
         if self.failure is not None:
             return []
         self.failure = error
-        self.held_back = self.awaiting_start = None
+        self.held_back = self.awaiting_start = self.deferred_count = self.flood_awaits_quorum = None
         if self.waiter is None:
             return []
         kind, seq = self.waiter
@@ -421,25 +433,58 @@ class DecentralStream:
         round's quorum counter at the designated rank, once each; the one
         addition that makes the quorum tells the designated rank (module
         docstring of :mod:`.quorum`)."""
-        view = held.view
+        amount = self._news(held, holds)
+        if amount and self._add(held.view.round, held.designated, amount, len(held.view.training), out):
+            held.quorum_met = True
+
+    def _news(self, held: _Held, holds: bool) -> int:
+        """What this rank has not yet added to ``held``'s quorum counter (and now counts as added)."""
         amount = 0
         if holds and not held.counted_holds:
             held.counted_holds = True
             amount = HOLDS
-        if self.flushing and not held.counted_flushing and not view.flushing[self.rank]:
+        if self.flushing and not held.counted_flushing and not held.view.flushing[self.rank]:
             held.counted_flushing = True
             amount += BEGAN_FLUSHING
-        if not amount:
-            return
-        d, training = held.designated, len(view.training)
-        before = self.counters.add(d, view.round % 2, amount)
+        return amount
+
+    def _add(self, c: int, d: int, amount: int, training: int, out: list) -> bool:
+        """Add ``amount`` to round ``c``'s counter at ``d``; tell ``d`` if this
+        addition made the quorum. Returns whether this rank is ``d`` and the quorum is met."""
+        before = self.counters.add(d, c % QUORUM_SLOTS, amount)
         self.quorum_additions += 1
         if quorum_met(before + amount, self.quorum, training):
             if d == self.rank:
-                held.quorum_met = True
-            elif not quorum_met(before, self.quorum, training):
+                return True
+            if not quorum_met(before, self.quorum, training):
                 self.quorum_notices += 1
-                out.append(Send(d, QuorumMet(view.round)))
+                out.append(Send(d, QuorumMet(c)))
+        return False
+
+    def _defer_count(self, held: _Held) -> None:
+        """Balanced round with a quorum: joining it, keep this rank's addition
+        for the end of its activation delay (module docstring of :mod:`.quorum`)."""
+        view = held.view
+        self.deferred_count = (view.round, held.designated, self._news(held, bool(self.pending)),
+                               len(view.training))
+
+    def _count_deferred(self, c: int) -> list:
+        """This rank's activation delay of balanced round ``c`` ended before the
+        round completed: add what it kept back; the designated rank floods once
+        the quorum is met (now, or when the notice comes)."""
+        _, d, amount, training = self.deferred_count
+        out: list = []
+        met = False
+        if amount or d == self.rank:
+            self.deferred_additions += 1
+            met = self._add(c, d, amount, training, out)
+        self.deferred_count = None  # (after the addition: a watcher may read it)
+        if d != self.rank:
+            return out  # an early joiner still floods when the activation reaches it
+        if met:
+            return self._release(c)
+        self.flood_awaits_quorum = c
+        return out
 
     def _flush_gather(self, held: _Held) -> Gather | None:
         """This rank's part in the flush gather of ``held``'s round, made when
@@ -519,15 +564,20 @@ class DecentralStream:
                 return []
             out = self._hold_back(held.view.round)
         else:
-            if self.quorum is not None:
-                self._count(held, bool(self.pending), out)
             if held.designated == self.rank:
-                if (not self.pending and not self.flushing) or (self.quorum is not None and not held.quorum_met):
+                if not self.pending and not self.flushing:
                     return out
+                if self.quorum is not None:
+                    self._defer_count(held)
                 out += self._hold_back(held.view.round)
             elif waiter is not None and ((self.pending and waiter[0] == "post") or self.flushing):
+                if self.quorum is not None:
+                    self._defer_count(held)
+                    out.append(Defer(held.view.round))
                 out += self._join_early(held.view.round)
             else:
+                if self.quorum is not None:  # holds data, nobody waits for it: count it now
+                    self._count(held, bool(self.pending), out)
                 return out
         if self.flushing:
             self.joined_at_flush += 1
@@ -549,7 +599,7 @@ class DecentralStream:
 
     def _drop_flood(self, c: int) -> None:
         """Every rank joined round ``c``, held back here: nobody needs its flood."""
-        self.held_back = None
+        self.held_back = self.deferred_count = self.flood_awaits_quorum = None
         if self.awaiting_start == c:  # an early joiner's: not a flood of its own
             self.awaiting_start = None
         else:
@@ -557,7 +607,7 @@ class DecentralStream:
 
     def _release(self, c: int) -> list:
         """Flood round ``c``, held back here, to the neighbours not heard from in it."""
-        self.held_back = None
+        self.held_back = self.deferred_count = None
         if self.awaiting_start == c:  # the activation came: the designated rank started it
             self.awaiting_start = None
         return [Send(n, Activate(c)) for n in self.activation.still_to_tell(c)]
@@ -566,8 +616,11 @@ class DecentralStream:
         if r != self._last_joined + 1:  # pragma: no cover - a protocol bug
             raise EngineError(f"rank {self.rank}: joins round {r} after {self._last_joined}")
         self._last_joined = r
-        if self.quorum is not None and r > 0 and self._initiators(r - 1) == self.rank:
-            self.counters.clear((r - 1) % 2)  # round r - 1's counter, here: safe now (see .quorum)
+        if self.held_back is not None and self.held_back < r:
+            # someone completed the held round to start this one: every rank joined it
+            self._drop_flood(self.held_back)
+        if self.quorum is not None and r > 1 and self._initiators(r - 2) == self.rank:
+            self.counters.clear((r - 2) % QUORUM_SLOTS)  # round r - 2's counter, here: safe now (see .quorum)
         facts = empty_facts(self.world_size)
         me = self.rank
         items, self.pending = self.pending, []
