@@ -6,12 +6,14 @@ Uses the network model that ``benchmarks/paper_scale.py`` fitted on this
 machine (``benchmarks/results/paper_scale_network.json``, with the per-round
 view priced as there), 20 ms steps, and either balanced load or one random
 rank per step sleeping 100 ms more (tau = 8). Prints posts per second, the
-ratio to sync, and control messages per rank per round (mean, and at the
-busiest rank) against log2 P, and writes the table to
+ratio to sync, control messages per rank per round (mean, and at the
+busiest rank) against log2 P, and for majority with a quorum of half
+(``majority_q``) the additions to its counters per round, and writes the table to
 ``benchmarks/results/new/activation_delay_sim.{json,md}``.
 
     python benchmarks/activation_delay_sim.py
     python benchmarks/activation_delay_sim.py --sizes 64,256 --nbytes 4096,1048576 --delays-us 0,200,2000
+    python benchmarks/activation_delay_sim.py --modes sync,majority_q --nbytes 1048576
 """
 
 from __future__ import annotations
@@ -68,13 +70,16 @@ def main(argv=None) -> int:
                                      "mode": mode, "posts_per_s": r.posts_per_second, "rounds": r.rounds,
                                      "messages_per_round_mean": r.messages_per_round_mean,
                                      "messages_per_round_max": r.messages_per_round_max,
+                                     "quorum_additions_per_round": r.quorum_additions / max(r.rounds, 1),
                                      "sim_wall_s": time.time() - started})
                         print(f"P={p:5d} {nbytes:8d} B {pattern:>11} delay {delay_us:6.0f} us {mode:>8}: "
                               f"{r.posts_per_second:10.1f} posts/s, {r.messages_per_round_mean:5.1f} messages/round "
-                              f"(busiest {r.messages_per_round_max:5.1f})", flush=True)
+                              f"(busiest {r.messages_per_round_max:5.1f})"
+                              + (f", {r.quorum_additions / max(r.rounds, 1):.1f} quorum additions/round"
+                                 if r.quorum_additions else ""), flush=True)
     sync = {(r["P"], r["nbytes"], r["pattern"]): r["posts_per_s"] for r in rows if r["mode"] == "sync"}
     lines = ["| P | gradient | load | delay | mode | posts/s | / sync | messages per rank per round, mean (busiest) "
-             "| log2 P |", "|---|---|---|---|---|---|---|---|---|"]
+             "| log2 P | quorum additions per round |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["mode"] == "sync":
             continue
@@ -82,7 +87,8 @@ def main(argv=None) -> int:
         r["over_sync"] = ratio
         lines.append(f"| {r['P']} | {r['nbytes']} B | {r['pattern']} | {r['delay_us']:g} us | {r['mode']} | "
                      f"{r['posts_per_s']:.0f} | {ratio:.2f} | {r['messages_per_round_mean']:.1f} "
-                     f"({r['messages_per_round_max']:.1f}) | {math.log2(r['P']):.0f} |")
+                     f"({r['messages_per_round_max']:.1f}) | {math.log2(r['P']):.0f} | "
+                     f"{r['quorum_additions_per_round']:.1f} |")
     table = "\n".join(lines)
     print(table)
     with open(new_result_path("activation_delay_sim.json"), "w") as fh:

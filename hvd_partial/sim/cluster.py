@@ -111,6 +111,7 @@ class SimResult:
     messages_mean: float = 0.0
     setup_messages_max: int = 0  # registration and shutdown messages at the rank that handled the most
     registered_s: float = 0.0  # when the last rank completed round 0 (the stream's registration and first posts)
+    quorum_additions: int = 0  # additions to majority's quorum counters, all ranks (decentral plane)
 
     @property
     def steady_posts_per_second(self) -> float:
@@ -546,7 +547,7 @@ class ClusterSimulator:
             control_plane=self.control_plane, busy_max_s=max(self.round_busy),
             busy_mean_s=float(np.mean(self.round_busy)), messages_max=max(self.messages),
             messages_mean=float(np.mean(self.messages)), setup_messages_max=max(self.setup_messages),
-            registered_s=self.registered_at)
+            registered_s=self.registered_at, quorum_additions=self.world.quorum_counters.additions)
 
 
 def simulate(world_size: int, mode: Mode, max_staleness: int, steps: int | Sequence[int],
