@@ -5,7 +5,9 @@ staleness and the mode's rules across ranks.
 usage: engine_rounds.py MODE STEPS TAU SLOW_RANK FAST_S SLOW_S [QUORUM] [SEED] [ELEMENTS]
 
 ELEMENTS pads the posted array (zeros past the one-hot part) to that many
-float64 elements.
+float64 elements. SLOW_RANK -1: every third step one rank, in turn, sleeps
+SLOW_S and the others FAST_S (mostly balanced training, with a late rank now
+and then).
 """
 
 import sys
@@ -33,7 +35,8 @@ rounds_per_post = []
 phase("posting")
 started = time.perf_counter()
 for step in range(steps):
-    time.sleep(slow_s if rank == slow_rank else fast_s)
+    late = slow_rank if slow_rank >= 0 else ((step // 3) % size if step % 3 == 2 else None)
+    time.sleep(slow_s if rank == late else fast_s)
     grad = np.zeros(length)
     grad[rank * steps + step] = 1.0
     results = hvd.partial_allreduce(grad, "grads", mode=mode, op=hvd.Sum, max_staleness=tau)
@@ -50,7 +53,8 @@ summed = summed[:total]
 stats = hvd.stats()["grads"]
 # the decentralized plane's state machine of the stream: its quorum counter's use
 machine = next(iter(hvd.session.current().engine._driver.control.streams.values()), None)
-quorum_use = None if machine is None or quorum is None else [machine.quorum_additions, machine.quorum_notices]
+quorum_use = None if machine is None or quorum is None else [machine.quorum_additions, machine.quorum_notices,
+                                                              machine.deferred_additions, machine.floods_held]
 report({
     "rounds": [[r.round, r.initiator, r.contributors, {str(k): v for k, v in r.staleness.items()},
                 digest([r.array]), r.flush] for r in taken],
