@@ -73,7 +73,7 @@ class Engine:
         self._driver = Driver(self.rank, self.size, me, config.control_plane, config.activation_delay_us > 0,
                               getattr(transport, "quorum_counters", None))
         self._activation_delay = config.activation_delay_us / 1e6
-        self._held_floods: deque = deque()  # (deadline, stream id, round): solo floods held back, oldest first
+        self._held_floods: deque = deque()  # (deadline, stream id, round): floods (with a quorum, additions) held back, oldest first
         self._bell = getattr(transport, "doorbell", None)
         self._intake = CommandIntake()
         relays = config.control_plane == "decentral" or self._driver.control.coordinator is not None
@@ -209,9 +209,9 @@ class Engine:
                 if worked:
                     pacing.worked()
                 else:
-                    calls = self._calls
+                    calls, held = self._calls, self._held_floods
                     pacing.rest(self._reductions, self._helpers.busy,
-                                min(h.posted_at for h in calls) if calls else None)
+                                min(h.posted_at for h in calls) if calls else None, held[0][0] if held else None)
         except TooManyStreamsError as exc:  # a limit the user can act on, not a crash
             self.fail(exc, notify=True, local=True)
             self._liveness.drain_notices()

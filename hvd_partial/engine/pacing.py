@@ -93,9 +93,10 @@ class Pacing:
         self._rung_naps_left = 0
         self._awake_until = time.perf_counter() + self._spin
 
-    def rest(self, reductions, helper_busy: bool, oldest_wait: float | None) -> None:
+    def rest(self, reductions, helper_busy: bool, oldest_wait: float | None, timer: float | None = None) -> None:
         """After a step that found no work. ``oldest_wait``: when the oldest
-        call still waiting was made (None: no call waits)."""
+        call still waiting was made (None: no call waits); ``timer``: when the
+        engine's next timer (an activation delay) ends, if one runs."""
         self._idle += 1
         idle = self._idle
         if reductions.in_flight:
@@ -105,7 +106,7 @@ class Pacing:
                 # Joined early, and the designated rank is late: nothing can finish before it
                 # joins, and its flood (at once, or after its activation delay) rings this rank.
                 # Nap like a post waiting for its round; each step tests the reductions.
-                self.nap_while_waiting(oldest_wait)
+                self.nap_while_waiting(oldest_wait, timer)
                 return
             # A reduction progresses only inside MPI calls: stay in them
             # and look at the rest now and then.
@@ -156,12 +157,13 @@ class Pacing:
             self._recheck = _RECHECKS
         self._asleep = False
 
-    def nap_while_waiting(self, since: float) -> None:
+    def nap_while_waiting(self, since: float, until: float | None = None) -> None:
         """While a post waits for its round to start: yield the CPU once or,
         when the wait began over 3 ms ago (the oldest waiting call was made
         at ``since``), nap a quarter of the time waited: from 50 us up to
         ``doorbell_poll_ms`` where every peer can ring this rank's doorbell,
-        else up to ``idle_poll_ms``.
+        else up to ``idle_poll_ms``, and never past ``until`` (the engine's
+        next timer, whose end is work for this rank).
 
         Such a wait is for another rank's computation (a majority round's
         designated rank, a laggard holding the staleness bound); the round's
@@ -178,6 +180,8 @@ class Pacing:
         long_ok = self._bell_covers_all and not self.unsent and not self._rung_naps_left
         self._rung_naps_left = max(0, self._rung_naps_left - 1)
         nap = min(self._bell_poll if long_ok else self._nap_max, max(_NAP_MIN_SECONDS, _NAP_FRACTION * waited))
+        if until is not None:
+            nap = max(0.0, min(nap, until - time.perf_counter()))
         if self._nap(nap):
             self._rung_naps_left = _RECHECKS
 

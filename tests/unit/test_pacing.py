@@ -51,3 +51,14 @@ def test_work_found_after_a_ring_ends_the_short_naps():
     pacing.worked()
     pacing.nap_while_waiting(since)
     assert bell.waits == [0.01, 0.01]
+
+
+def test_a_nap_ends_by_the_engines_next_timer():
+    config = Config(doorbell_poll_ms=10.0, idle_poll_ms=1.0)
+    bell = ScriptedBell(4, [])
+    pacing = Pacing(config, bell, 4, relays_activations=True, commands=[])
+    since = time.perf_counter() - 10.0
+    pacing.nap_while_waiting(since, until=time.perf_counter() + 0.003)
+    pacing.nap_while_waiting(since, until=time.perf_counter() - 0.001)  # already due: no nap
+    pacing.nap_while_waiting(since, until=time.perf_counter() + 1.0)
+    assert 0.0 < bell.waits[0] <= 0.003 and bell.waits[1] == 0.0 and bell.waits[2] == 0.01, bell.waits
