@@ -76,16 +76,20 @@ def test_majority_same_designated_initiators_everywhere(nprocs):
     assert len({x[1] for x in rounds if x[1] is not None}) > 1  # re-drawn, not fixed
 
 
+def check_quorum_before_flush(res, nprocs, rounds, k):
+    """Until the first rank enters flush every rank trains, so the full quorum applies."""
+    before_any_flush = before_flush(res, nprocs)
+    assert before_any_flush > 3
+    for rnd, _, contributors, _, _, flush in rounds[1:before_any_flush]:
+        assert len(contributors) >= k, f"round {rnd} started with {contributors}, quorum {k}"
+
+
 @pytest.mark.parametrize("nprocs,k", [(4, 3), (5, 2)])
 def test_majority_quorum_holds_rounds_until_k_ranks_have_data(nprocs, k):
     steps, tau = 10, 4
     res = run_mpi("engine_rounds.py", nprocs, "majority", steps, tau, 1, 0.003, 0.015, k, 5)
     rounds = check_common(res, nprocs, steps, tau)
-    # Until the first rank enters flush every rank trains, so the full quorum applies.
-    before_any_flush = before_flush(res, nprocs)
-    assert before_any_flush > 3
-    for rnd, _, contributors, _, _, flush in rounds[1:before_any_flush]:
-        assert len(contributors) >= k, f"round {rnd} started with {contributors}, quorum {k}"
+    check_quorum_before_flush(res, nprocs, rounds, k)
     # The ranks counted in the one-sided counters, and at most one notice per round went out.
     use = [res.results[r]["quorum_use"] for r in range(nprocs)]
     additions, notices = sum(u[0] for u in use), sum(u[1] for u in use)
@@ -99,10 +103,7 @@ def test_majority_quorum_in_mostly_balanced_training_keeps_the_quorum():
     nprocs, k, steps, tau = 4, 3, 18, 8
     res = run_mpi("engine_rounds.py", nprocs, "majority", steps, tau, -1, 0.002, 0.04, k, 3)
     rounds = check_common(res, nprocs, steps, tau)
-    before_any_flush = before_flush(res, nprocs)
-    assert before_any_flush > 3
-    for rnd, _, contributors, _, _, flush in rounds[1:before_any_flush]:
-        assert len(contributors) >= k, f"round {rnd} started with {contributors}, quorum {k}"
+    check_quorum_before_flush(res, nprocs, rounds, k)
     use = [res.results[r]["quorum_use"] for r in range(nprocs)]
     # (how often each path ran depends on the machine's load: shown, not asserted)
     print(f"additions, notices, additions at the end of a delay, floods held, per rank: {use}; "
