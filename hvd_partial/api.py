@@ -237,6 +237,28 @@ def flush(name: str) -> list[RoundResult]:
     return engine.wait(engine.submit_flush(name))
 
 
+def take(name: str) -> list[RoundResult]:
+    """Take the rounds of stream ``name`` completed since this rank's last
+    take, without posting; never waits (an empty list while a post or flush
+    of the stream is in progress, or before its first post).
+
+    A rank that waits in a call that needs every rank (a helper collective,
+    ``barrier``, ``join``, another stream's flush) holds no partial stream
+    back meanwhile, and the rounds completed then wait here: apply them
+    before computing the next gradient, so that it stays within the
+    staleness bound (otherwise they come with the next post). The framework
+    optimizers do this themselves.
+
+    Example::
+
+        hvd.allreduce(np.array([accuracy]), name="val_acc")
+        for result in hvd.take("grads"):
+            apply(result.array)
+    """
+    engine = _require()
+    return engine.wait(engine.submit_take(name))
+
+
 def default_mode() -> Mode:
     """The mode used where none is given: ``HVD_PARTIAL_MODE`` (with ``SEED``
     and ``QUORUM``), or ``init(mode=...)``; solo unless set.

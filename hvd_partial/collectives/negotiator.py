@@ -383,7 +383,9 @@ class Negotiator:
                 entry.warned = True
                 if self.rank == min(entry.sigs):
                     log.warning("%s %r was submitted by ranks %s %.0f s ago, but ranks %s have not submitted it "
-                                "(stalled: a rank skipped this collective, or named it differently)",
+                                "(stalled: a rank skipped this collective, named it differently, or waits in "
+                                "another blocking call such as a sync stream's post; a partial stream's post "
+                                "is never held back by a rank waiting here)",
                                 entry.kind, entry.name, sorted(entry.sigs), age, missing)
             if stop_after > 0 and age >= stop_after and self._fail is not None:
                 from ..observe.stall import StalledRankError

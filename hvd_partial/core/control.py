@@ -92,6 +92,18 @@ class CentralControl:
     def shutdown_ready(self) -> None:
         """This rank's shutdown is done but for knowing that every rank's is."""
 
+    def park(self) -> None:
+        """This rank waits in a call that needs every rank (the coordinator does not track it)."""
+
+    def unpark(self) -> None:
+        """The call that parked this rank returned."""
+
+    def take(self, stream) -> None:
+        """The rank stream took its completed rounds outside a post."""
+
+    def take_ready(self, stream) -> bool:
+        return True
+
     def round_completed(self, stream, launch, result=None) -> None:
         """This rank completed ``launch`` of ``stream``."""
         if self.coordinator is None or stream.sync or launch.facts is None or launch.facts.round is None:
@@ -160,7 +172,7 @@ class DecentralControl:
         if kind is Flush:
             stream = self.streams.get(message.stream)
             if stream is not None:
-                self._carry_out(message.stream, stream.flush())
+                self._carry_out(message.stream, stream.flush(message.final))
             else:
                 self.agreements.sync_flush(message.stream, message.taken)
             return
@@ -175,6 +187,26 @@ class DecentralControl:
 
     def shutdown_ready(self) -> None:
         self.agreements.done()
+
+    def park(self) -> None:
+        """This rank waits in a call that needs every rank: its idle streams hold nobody back."""
+        for sid, machine in self.streams.items():
+            self._carry_out(sid, machine.park())
+
+    def unpark(self) -> None:
+        for machine in self.streams.values():
+            machine.unpark()
+
+    def take(self, stream) -> None:
+        """The rank stream took its completed rounds outside a post: so does its state machine."""
+        machine = self.streams.get(stream.id)
+        if machine is not None:
+            self._carry_out(stream.id, machine.take()[1])
+
+    def take_ready(self, stream) -> bool:
+        """Every round this rank joined parked on ``stream`` has completed here."""
+        machine = self.streams.get(stream.id)
+        return machine is None or machine.take_ready
 
     def registered(self, stream) -> None:
         signature = self._signatures.pop(stream.name, None)

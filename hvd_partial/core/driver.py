@@ -111,6 +111,28 @@ class Driver:
                 f"flush({name!r}) on rank {self.rank}: the stream is still registering; synchronize its first post")
         self.control.report(stream.flush(waiter))
 
+    def park(self) -> None:
+        """This rank waits in a call that needs every rank (a helper collective,
+        a flush): until :meth:`unpark`, its idle solo and majority streams hold nobody back."""
+        self.control.park()
+
+    def unpark(self) -> None:
+        self.control.unpark()
+
+    def take(self, name: str) -> list[RoundResult] | None:
+        """Take the rounds of stream ``name`` completed since this rank's last take,
+        without posting (none while a post or flush of it is in progress); None
+        until every round this rank joined parked has completed (ask again then)."""
+        stream = self.streams.get(name)
+        if stream is None or stream.id is None:
+            return []
+        if not self.control.take_ready(stream):
+            return None
+        results = stream.take()
+        if results:
+            self.control.take(stream)
+        return results
+
     def leave(self) -> None:
         """Begin shutdown: flush every stream (in id order) once it is idle, then say goodbye."""
         self.leaving = True
@@ -229,7 +251,7 @@ class Driver:
         for sid in sorted(self._to_flush):
             stream = self.by_id[sid]
             if stream.waiter is None:
-                self.control.report(stream.flush(Waiter("flush")))
+                self.control.report(stream.flush(Waiter("flush"), final=True))
                 self._to_flush.discard(sid)
                 self._flushed.add(sid)
         if not self._to_flush and self._goodbye_sent != frozenset(self._flushed):

@@ -62,6 +62,7 @@ class Flush:
     rank: int
     stream: int
     taken: int
+    final: bool = False  # shutdown's flush: this rank posts to the stream no more
 
 
 @dataclass(frozen=True)

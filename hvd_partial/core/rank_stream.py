@@ -145,11 +145,18 @@ class RankStream:
             self._own_pending()
         return report, None, done
 
-    def flush(self, waiter: Waiter) -> Flush:
+    def flush(self, waiter: Waiter, final: bool = False) -> Flush:
         self.check_idle()
         self.waiter = waiter
         waiter.results.extend(self._take_completed())
-        return Flush(self.rank, self.id, self.taken)
+        return Flush(self.rank, self.id, self.taken, final)
+
+    def take(self) -> list[RoundResult]:
+        """The rounds completed and not yet taken, taken now, with no post
+        (none while a post or flush is in progress: it takes them)."""
+        if self.waiter is not None or self.sync:
+            return []
+        return self._take_completed()
 
     # -- engine events ----------------------------------------------------------
 

@@ -52,6 +52,24 @@ class HelperCommand:
 
 
 @dataclass
+class TakeCommand:
+    """Take a stream's completed rounds without posting."""
+
+    name: str
+    handle: Handle
+
+    def describe(self) -> str:
+        return f"take {self.name!r}"
+
+
+@dataclass
+class ParkCommand:
+    """A compute thread begins (``+1``) or ends (``-1``) waiting in a call that needs every rank."""
+
+    delta: int
+
+
+@dataclass
 class ShutdownCommand:
     handle: Handle
 

@@ -21,6 +21,7 @@ import weakref
 from collections import deque
 
 from ..collectives.negotiator import Negotiator
+from ..collectives.requests import LOCAL
 from ..config import Config
 from ..core.driver import Driver
 from ..core.rank_stream import Launch, RankStream, Waiter
@@ -28,7 +29,8 @@ from ..core.round_result import RoundResult
 from ..errors import EngineError, HvdPartialError, NotInitializedError, RankFailedError, TooManyStreamsError
 from ..observe.monitor import TAG_STATUS
 from ..transport.tags import TAG_FAILURE, TAG_HEARTBEAT
-from .commands import AbortCommand, CommandIntake, FlushCommand, HelperCommand, PostCommand, ShutdownCommand
+from .commands import (AbortCommand, CommandIntake, FlushCommand, HelperCommand, ParkCommand, PostCommand,
+                       ShutdownCommand, TakeCommand)
 from .dispatch import Dispatch
 from .handle import Handle
 from .liveness import Liveness
@@ -64,6 +66,11 @@ class Engine:
         self._calls: set[Handle] = set()  # posts, flushes and helpers in progress
         self._shutdown_handle: Handle | None = None
         self._leaving_requested = False  # set by the compute thread in shutdown()
+        self._parked = 0  # compute threads waiting in a call that needs every rank (engine thread's count)
+        self._takes: list = []  # TakeCommands waiting for rounds joined parked to complete
+        # Called on the compute thread after it waited in such a call: adapters apply there the
+        # rounds completed meanwhile, before the rank computes again (docs/design.md, "Parked ranks").
+        self.unpark_listeners: list = []
         self._sends_wait_since: float | None = None  # shutdown done but for unsent messages
         self._stopped = threading.Event()
         # The parts reach the engine only through a weak proxy: a reference
@@ -113,14 +120,32 @@ class Engine:
         return self._submit(PostCommand(name, buffers, owned, layout, grouped, sync, op, signature, handle), handle)
 
     def submit_flush(self, name: str) -> Handle:
-        handle = Handle(name)
+        handle = Handle(name, parks=True)
         return self._submit(FlushCommand(name, handle), handle)
 
     def submit_helper(self, request) -> Handle:
+        request.handle.parks = request.kind != LOCAL
         return self._submit(HelperCommand(request, request.handle), request.handle)
 
+    def submit_take(self, name: str) -> Handle:
+        handle = Handle(name)
+        return self._submit(TakeCommand(name, handle), handle)
+
     def wait(self, handle: Handle):
-        """Block until ``handle`` is done; raise the engine's failure if any."""
+        """Block until ``handle`` is done; raise the engine's failure if any.
+        Waiting on a call that needs every rank parks this rank meanwhile."""
+        if not handle.parks or handle.done():
+            return self._wait(handle)
+        self._intake.submit(ParkCommand(+1))
+        try:
+            value = self._wait(handle)
+        finally:
+            self._intake.submit(ParkCommand(-1))
+        for listener in list(self.unpark_listeners):
+            listener()
+        return value
+
+    def _wait(self, handle: Handle):
         while not handle.wait(0.25):
             if self.failure is not None and not handle.done():
                 raise self.failure
@@ -232,6 +257,8 @@ class Engine:
             worked = True
         worked |= self._dispatch.deliver(self._pacing.take_ring())
         worked |= self._reductions.progress()
+        if self._takes:
+            self._finish_takes()
         held = self._held_floods
         if held and held[0][0] <= time.perf_counter():  # the oldest held flood's delay passed
             worked |= self._release_held_floods()
@@ -286,6 +313,13 @@ class Engine:
             self.fail(RankFailedError(self.rank, cmd.reason), notify=True, local=True)
             cmd.handle.set_result(None)
             return
+        if isinstance(cmd, ParkCommand):
+            self._park(cmd.delta)
+            return
+        if isinstance(cmd, TakeCommand):
+            self._takes.append(cmd)
+            self._finish_takes()
+            return
         if self.observer is not None:
             self.observer.on_call(cmd.handle, cmd.describe(), cmd.name if isinstance(cmd, PostCommand) else None)
         if isinstance(cmd, ShutdownCommand):
@@ -310,6 +344,29 @@ class Engine:
 
     def _helper(self, cmd: HelperCommand) -> None:
         self._helpers.submit(cmd.request)
+
+    def _finish_takes(self) -> None:
+        waiting = []
+        for cmd in self._takes:
+            if self.failure is not None:
+                cmd.handle.set_error(self.failure)
+                continue
+            results = self._driver.take(cmd.name)
+            if results is None:
+                waiting.append(cmd)
+            else:
+                cmd.handle.set_result(results)
+        self._takes = waiting
+
+    def _park(self, delta: int) -> None:
+        before = self._parked
+        self._parked += delta
+        if self.failure is not None:
+            return
+        if before == 0 and self._parked > 0:
+            self._driver.park()
+        elif before > 0 and self._parked == 0:
+            self._driver.unpark()
 
     def _on_status(self, source: int, status) -> None:
         if self.observer is not None:

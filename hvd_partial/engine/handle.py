@@ -16,10 +16,12 @@ class Handle:
         results = hvd.synchronize(handle)
     """
 
-    __slots__ = ("name", "_signal", "_done", "_value", "_error", "posted_at", "finished_at")
+    __slots__ = ("name", "parks", "_signal", "_done", "_value", "_error", "posted_at", "finished_at")
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, parks: bool = False):
         self.name = name
+        # a call that needs every rank: a rank waiting on it holds no partial stream back
+        self.parks = parks
         # A bare lock, held until the engine finishes: cheaper to hand over
         # than threading.Event, and this is on every post's path.
         self._signal = threading.Lock()

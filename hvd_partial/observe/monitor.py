@@ -307,9 +307,15 @@ class Observer:
                 continue
             stalled[j] = seconds
             waiting = sorted(others)
+            posting = [k for k in waiting if peers[k][0].busy and str(peers[k][0].last_call).startswith("post")]
             reason = (f"rank {j} has called no hvd_partial function for {seconds:.1f} s (last call: "
                       f"{st.last_call}, {now - last_submit[j]:.1f} s ago) while rank(s) "
                       f"{', '.join(map(str, waiting))} wait or keep posting")
+            if posting:
+                # a rank parked in a collective holds nobody back; one that calls nothing does
+                reason += (f"; the posts of rank(s) {', '.join(map(str, posting))} wait for it under the "
+                           f"staleness bound (max_staleness rounds ahead of its last post): rank {j} is absent, "
+                           "not waiting in a collective")
             shutdown = self.config.stall_shutdown_seconds
             if shutdown > 0 and seconds >= shutdown:
                 stall_log.error("rank %d: %s; stall_shutdown_seconds=%g: failing every rank", self.rank,
@@ -340,6 +346,11 @@ class Observer:
         reason = (f"deadlock: every rank has waited {waited:.1f} s or more in an hvd_partial call ({calls}); "
                   "look for a blocking call (a sync stream, flush, barrier or helper) that not every rank "
                   "makes, or that ranks make in another order")
+        in_posts = [j for j in sorted(peers) if str(peers[j][0].last_call).startswith("post")]
+        if in_posts and len(in_posts) < len(peers):
+            # a partial stream's post never waits for a rank parked in another call: a sync one does
+            reason += (f"; the posts of rank(s) {', '.join(map(str, in_posts))} wait for ranks in other calls: "
+                       "a sync stream's post waits for every rank's post of it")
         shutdown = self.config.stall_shutdown_seconds
         if shutdown > 0 and waited >= shutdown:
             stall_log.error("rank %d: %s; stall_shutdown_seconds=%g: failing every rank", self.rank, reason, shutdown)

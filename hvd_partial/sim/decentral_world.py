@@ -7,8 +7,11 @@ every post summed into it, sorted, and its facts the sum of every rank's);
 a rank's compute takes the time its schedule says, then it posts, or
 flushes once it has no posts left. Ranks can die or be stopped (and resumed)
 at given times; with ``liveness`` every rank also runs its ring heartbeats on
-a periodic tick. The tests check the protocol's guarantees on the record the
-world keeps; the benchmark counts its messages.
+a periodic tick. With ``park_at``, each rank waits once in a call that needs
+every rank (a barrier, as ``hvd.allreduce`` of a metric at an epoch's end)
+after that many posts, parked, and takes the rounds completed meanwhile
+when every rank has come. The tests check the protocol's guarantees on the
+record the world keeps; the benchmark counts its messages.
 
 Example::
 
@@ -28,7 +31,7 @@ from typing import Callable
 import numpy as np
 
 from ..core.decentral import Complete, DecentralStream, Join, RingLiveness, Send, SharedQuorumCounters
-from ..core.decentral.facts import INITIATED
+from ..core.decentral.facts import INITIATED, PARKED
 from ..core.decentral.messages import Failed, Heartbeat, PeerFailed
 from ..errors import RankFailedError
 
@@ -50,7 +53,8 @@ class DecentralWorld:
                  compute: Callable[[int, int], float] | None = None, delay_s: float = 0.05,
                  liveness: bool = False, heartbeat_s: float = 1.0, failure_timeout_s: float = 6.0,
                  tick_s: float = 0.25, faults: tuple = (), time_limit_s: float = 1e6, keep_results: bool = True,
-                 run_until_s: float | None = None, flush_after: list | None = None, signatures: list | None = None):
+                 run_until_s: float | None = None, flush_after: list | None = None, signatures: list | None = None,
+                 park_at: list | None = None):
         P = world_size
         self.P = P
         self.kind = kind
@@ -71,6 +75,11 @@ class DecentralWorld:
         # per rank: flush once after this many posts left (None: only at the end), then go on posting
         self.flush_after = list(flush_after) if flush_after is not None else [None] * P
         self.flushes_left = [1] * P  # the final flush, plus one for each flush in the middle begun
+        # per rank: posts left when it enters the barrier, parked (None: it never does)
+        self.park_at = list(park_at) if park_at is not None else [None] * P
+        self.in_barrier: set[int] = set()
+        self.to_take: set[int] = set()  # ranks out of the barrier waiting for rounds they joined parked
+        self.parked_takes = 0  # rounds taken at the end of a barrier
         self.keep_results = keep_results
         self.time_limit_s = time_limit_s  # with liveness: stop after this long with only ticks left
         self.run_until_s = run_until_s  # with liveness: keep ticking at least until then
@@ -92,7 +101,10 @@ class DecentralWorld:
         self.joins: dict[int, dict] = {}
         self.last_reduced = [0.0] * P
         self.round_facts: dict[int, np.ndarray] = {}  # round -> its reduced facts
-        self.start_training: dict[int, int] = {}  # round -> ranks not flushing when its first initiator started it
+        # round -> ranks not flushing nor parked when its first initiator started it, or fewer while some
+        # rank parked before it started (majority's quorum may count that moment)
+        self.start_training: dict[int, int] = {}
+        self._fewest_training: dict[int, int] = {}
         # message counts: round -> kind -> (sent per rank, received per rank)
         self.counts: dict[int, dict] = defaultdict(dict)
         self.heartbeats_sent = 0
@@ -145,7 +157,18 @@ class DecentralWorld:
         stream = self.streams[j]
         if stream.failure is not None:
             return
-        if self.flush_after[j] is not None and self.posts_left[j] == self.flush_after[j]:
+        if self.park_at[j] is not None and self.posts_left[j] == self.park_at[j]:
+            self.park_at[j] = None
+            self.in_barrier.add(j)
+            self._act(j, stream.park())
+            training = sum(1 for s in self.streams if not s.stands_in)
+            for r in range(min(s.completed for s in self.streams), max(s.completed for s in self.streams) + 1):
+                self._fewest_training[r] = min(training, self._fewest_training.get(r, training))
+            if len(self.in_barrier) == self.P:  # the last rank came: every rank leaves, a moment apart
+                for k in sorted(self.in_barrier):
+                    self._push(self.now + self.rng.uniform(1e-3, self.delay_s), "unpark", k, None)
+                self.in_barrier.clear()
+        elif self.flush_after[j] is not None and self.posts_left[j] == self.flush_after[j]:
             self.flush_after[j] = None  # a flush in the middle of training
             self.flushes_left[j] += 1
             self._act(j, stream.flush())
@@ -155,7 +178,26 @@ class DecentralWorld:
             self.posted[post_id] = (j, stream.taken)
             self._act(j, stream.post(post_id))
         else:
-            self._act(j, stream.flush())
+            self._act(j, stream.flush(final=True))
+
+    def _on_unpark(self, j, _):
+        """Rank ``j`` leaves the barrier: it trains again once it took (and
+        applied) every round completed meanwhile."""
+        stream = self.streams[j]
+        self._act(j, stream.unpark())
+        if not stream.take_ready:
+            self.to_take.add(j)
+            return
+        self._take_after_barrier(j)
+
+    def _take_after_barrier(self, j):
+        self.to_take.discard(j)
+        taken, actions = self.streams[j].take()
+        self._act(j, actions)
+        self.parked_takes += len(taken)
+        if self.keep_results or j == 0:
+            self.taken[j].extend(taken)
+        self._push(self.now + self.compute(j, len(self.taken[j]) if self.keep_results else 0), "compute", j, None)
 
     def _on_deliver(self, j, item):
         source, msg = item
@@ -169,6 +211,8 @@ class DecentralWorld:
     def _on_reduced(self, j, item):
         r, value, facts = item
         self._act(j, self.streams[j].on_reduced(r, value, facts))
+        if j in self.to_take and self.streams[j].take_ready:
+            self._take_after_barrier(j)
 
     def _on_tick(self, j, _):
         self._act(j, self.rings[j].tick(self.now))
@@ -206,7 +250,11 @@ class DecentralWorld:
 
     def _join(self, j: int, join: Join):
         if join.facts[INITIATED, j] and join.round not in self.start_training:
-            self.start_training[join.round] = sum(1 for s in self.streams if not s.flushing)
+            before = self.round_facts.get(join.round - 1)
+            parked = before[PARKED] if before is not None else np.zeros(self.P, np.int64)
+            # (a rank parked in the round's view counts out of the quorum even if it trains again now)
+            training = sum(1 for s in self.streams if not s.stands_in and not parked[s.rank])
+            self.start_training[join.round] = min(training, self._fewest_training.pop(join.round, training))
         part = self.joins.get(join.round)
         if part is None:  # [ranks joined, posts summed, facts summed]
             part = self.joins[join.round] = [0, [], np.zeros_like(join.facts)]

@@ -26,6 +26,7 @@ import contextlib
 import itertools
 import logging
 import warnings
+import weakref
 from collections import deque
 
 import numpy as np
@@ -187,6 +188,9 @@ class DistributedOptimizer:
         self._updates = 0
         self._loaded: tuple | None = None  # (round, [(id, version) of each grad]) after synchronize()
         self._hyper: list | None = None  # hyperparameters as the last step left them (solo, majority)
+        self._busy = False  # in step(), synchronize() or flush(): rounds taken after a collective wait for it
+        self._listening_to = None  # the engine whose unpark listener applies rounds completed while parked
+        self._parked_rounds: list[RoundResult] = []  # ... taken between synchronize() and step()
         self.last_results: list[RoundResult] = []
         self._hook_handles: list = []
         self._collect_parameters()
@@ -336,6 +340,7 @@ class DistributedOptimizer:
         """
         if self._synchronized:
             return self.last_results
+        self._listen_for_unpark()
         self._passes.check()
         self._settle_sparse_layout()
         arrays, ctxs = self._local_gradients()
@@ -345,6 +350,8 @@ class DistributedOptimizer:
             results = _core.synchronize(handle)
         except MismatchError as err:
             raise self._explain_mismatch(err) from err
+        results = self._parked_rounds + results
+        self._parked_rounds = []
         self._reduce_sparse()
         self._ctxs = ctxs
         self._posted = True
@@ -393,10 +400,15 @@ class DistributedOptimizer:
             self._apply_queue()
         if not self._posted:
             return []  # round 0 needs every rank's first post: nobody has posted
+        self._busy = True
         try:
             results = _core.flush(self._name)
         except MismatchError as err:
             raise self._explain_mismatch(err) from err
+        finally:
+            self._busy = False
+        results = self._parked_rounds + results
+        self._parked_rounds = []
         self._queue = deque(results)
         self.last_results = [r.facts_only() for r in results]
         self._loaded = None
@@ -497,6 +509,46 @@ class DistributedOptimizer:
         return f"DistributedOptimizer({self._inner.__class__.__name__}, mode={self._mode}, stream={self._name!r})"
 
     # ===== internals ================================================================================
+
+    def _listen_for_unpark(self) -> None:
+        if self._mode.kind == "sync":
+            return
+        engine = _session.require().engine
+        if self._listening_to is not None and self._listening_to() is engine:
+            return
+        self._listening_to = weakref.ref(engine)
+        me = weakref.ref(self)
+
+        def apply_after_park():
+            optimizer = me()
+            if optimizer is not None:
+                optimizer._apply_parked_rounds()
+
+        engine.unpark_listeners.append(apply_after_park)
+
+    def _apply_parked_rounds(self) -> None:
+        """This rank waited in a call that needs every rank (``hvd.allreduce``,
+        ``barrier``, ``join``, another stream's flush), holding nobody back:
+        apply the rounds completed meanwhile now, so that the next gradient is
+        computed on a model that has them. Between ``synchronize()`` and
+        ``step()`` they join the next step's rounds instead."""
+        if self._busy or not self._posted:
+            return
+        results = _core.take(self._name)
+        if not results:
+            return
+        if self._synchronized:  # rounds are loaded for step(): apply these after them, at the next step
+            self._parked_rounds.extend(results)
+            return
+        grads = [p.grad for p in self._params]  # the user's local gradients stay as they were
+        try:
+            self._queue = deque(results)
+            self._loaded = None
+            self._apply_queue()
+        finally:
+            for p, g in zip(self._params, grads):
+                p.grad = g
+        self.last_results = [r.facts_only() for r in results]
 
     def _local_gradients(self):
         for p in self._frozen:

@@ -171,6 +171,9 @@ def test_stall_rule_warns_only_when_others_wait_and_fails_past_shutdown(caplog):
             obs._inspect(now)
     assert set(obs.stalled) == {1} and 1.0 <= obs.stalled[1] <= 2.5
     assert any("rank 1 has called no hvd_partial function" in r.message for r in caplog.records)
+    # The waiting posts are held by the staleness bound for the absent rank: the message says so.
+    assert any("the posts of rank(s) 0, 2 wait for it under the staleness bound" in r.message
+               and "rank 1 is absent, not waiting in a collective" in r.message for r in caplog.records)
     assert engine.failure is None
     for step in range(10, 20):
         now = t2 + step * interval

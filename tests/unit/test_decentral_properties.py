@@ -2,7 +2,9 @@
 schedules in an event-driven world (hvd_partial.sim.decentral_world):
 sizes 1 to 64 (most not powers of two), solo and majority with and without
 a quorum, small staleness bounds with several laggards, flushes at any
-point, and ranks that die or are stopped at any point.
+point, ranks parked in a barrier at random points (each rank after its own
+number of posts, as at an epoch's end), and ranks that die or are stopped
+at any point.
 
 Each post is a distinct id, so conservation is exact: every id must be
 summed into exactly one round. Every guarantee is checked on the world's
@@ -37,9 +39,13 @@ def random_schedule(seed: int, kind: str, quorum: bool = False) -> dict:
     for j in rng.sample(range(P), n_slow):
         base[j] *= rng.uniform(5, 30)
     step_rng = random.Random(seed + 1)
-    return dict(world_size=P, kind=kind, max_staleness=tau, posts=[rng.randint(1, 5) for _ in range(P)],
+    posts = [rng.randint(1, 5) for _ in range(P)]
+    # half the schedules: every rank waits once in a barrier, parked, after at least one post (not with
+    # tau = 0, which is synchronous: as under Horovod, every rank must post as often before the barrier)
+    park_at = [rng.randint(0, n - 1) for n in posts] if rng.random() < 0.5 and tau > 0 else None
+    return dict(world_size=P, kind=kind, max_staleness=tau, posts=posts,
                 seed=seed, quorum=rng.randint(1, P) if quorum else None, majority_seed=rng.randint(0, 3),
-                compute=lambda j, step: base[j] * step_rng.uniform(0.5, 1.5), delay_s=DELAY)
+                compute=lambda j, step: base[j] * step_rng.uniform(0.5, 1.5), delay_s=DELAY, park_at=park_at)
 
 
 def check_counts(world: DecentralWorld, stats: dict):
@@ -138,7 +144,8 @@ def check_eagerness(world: DecentralWorld):
     if c == 0:  # registration: round 0 waits for every rank's first post
         laggards = [s.rank for s in streams if s.seq == 0]
     else:
-        laggards = [s.rank for s in streams if not s.flushing and s.taken < c - s.tau + 1 and not s.pending]
+        laggards = [s.rank for s in streams
+                    if not s.flushing and not s.parked and s.taken < c - s.tau + 1 and not s.pending]
     assert laggards, f"round {c}: ranks {[s.rank for s in waiting]} wait with nothing in flight and no laggard"
     world.eager_checks = getattr(world, "eager_checks", 0) + 1
 
@@ -191,6 +198,7 @@ def test_random_schedules_keep_every_guarantee(kind, quorum):
     sizes = set()
     held_rounds = 0
     eager_checks = 0
+    parked_schedules = parked_takes = 0
     for n in range(SCHEDULES_PER_GROUP):
         spec = random_schedule(10_000 * (1 + quorum) + 1_000 * (kind == "majority") + n, kind, quorum)
         world = DecentralWorld(**spec)
@@ -200,6 +208,8 @@ def test_random_schedules_keep_every_guarantee(kind, quorum):
         world.run()
         check_guarantees(world, spec)
         check_counts(world, stats)
+        parked_schedules += spec["park_at"] is not None
+        parked_takes += world.parked_takes
         stats["quorum_zeroings"] = stats.get("quorum_zeroings", 0) + seen["zeroings"]
         sizes.add(world.P)
         eager_checks += getattr(world, "eager_checks", 0)
@@ -210,7 +220,9 @@ def test_random_schedules_keep_every_guarantee(kind, quorum):
           ", ".join(f"{k} {v[0]} (<= {v[1]})" for k, v in stats.items() if isinstance(v, list) and k != "QuorumMet") +
           (f"; quorum notices {stats['quorum_notices']} (<= 1 per round), counter zeroings checked "
            f"{stats['quorum_zeroings']}" if "quorum_notices" in stats else "") +
-          f"; rounds held for laggards {held_rounds}; solo eagerness checks {eager_checks}")
+          f"; rounds held for laggards {held_rounds}; solo eagerness checks {eager_checks}; "
+          f"schedules with a barrier {parked_schedules}, rounds taken leaving it {parked_takes}")
+    assert parked_schedules > 100 and parked_takes > 100  # ranks were parked while others took rounds
     assert len([P for P in sizes if P & (P - 1)]) > 30  # most sizes are not powers of two
     assert held_rounds > 50  # the staleness gather ran often enough to mean something
     if quorum:
@@ -265,6 +277,7 @@ def test_a_flush_in_the_middle_of_training_is_one_round_for_all(kind):
     for n in range(60):
         seed = 70_000 + n
         spec = random_schedule(seed, kind, quorum=kind == "majority" and n % 2 == 0)
+        spec["park_at"] = None  # (a rank in a barrier while another flushes waits for it: a script's own deadlock)
         rng = random.Random(seed)
         flush_after = [rng.randint(0, posts - 1) for posts in spec["posts"]]  # posts left at the flush
         world = DecentralWorld(**spec, flush_after=flush_after).run()
@@ -327,6 +340,7 @@ def test_failures_at_any_point_are_named_on_every_rank_within_the_bound():
         rng = random.Random(seed)
         kind = rng.choice(["solo", "majority"])
         spec = random_schedule(seed, kind, quorum=kind == "majority" and rng.random() < 0.5)
+        spec["park_at"] = None  # (the world's barrier does not fail when a rank dies, as a collective does)
         P = spec["world_size"]
         fault, what = random_fault(rng, P, horizon=rng.choice([0.5, 2.0, 6.0]))
         if P == 1 and what != "stop_short":

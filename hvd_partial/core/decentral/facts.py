@@ -18,7 +18,11 @@ STALENESS = 0  # 0 if the rank summed no data, else 1 + round minus the round it
 KNOWN_TAKEN = 1  # rounds it had taken when it joined, plus 1 if a post of it waited for a round then
 FLUSHING = 2  # if it was flushing when it joined: which of its flushes (1, 2, ...), else 0
 INITIATED = 3  # 1 if it started the round itself
-FIELDS = 4
+PARKED = 4  # 1 if it joined while parked: waiting in a call that needs every rank, with nothing to post here
+FIELDS = 5
+# FLUSHING of a rank whose shutdown flushed the stream: it posts no more, so it
+# takes part in every later flush round (above any flush number) and never trains again.
+LEFT = 1 << 40
 
 
 def empty_facts(world_size: int) -> np.ndarray:
@@ -36,7 +40,11 @@ class RoundView:
     training ranks that, by this knowledge, hold the round back under the
     staleness bound; ``training`` the ranks not flushing. ``after_flush``
     says the previous round was the flush round (every rank joined it
-    flushing), after which every rank trains again.
+    flushing), after which every rank trains again, but for those that left
+    (shut down). ``parked`` ranks joined the last round while waiting in a
+    call that needs every rank (a helper collective, another stream's flush):
+    they count as training for flushes, but never block a round and, like a
+    flushing rank, stand in for majority's initiator and leave the quorum.
     """
 
     round: int
@@ -46,6 +54,18 @@ class RoundView:
     flushing: np.ndarray  # bool per rank
     registration: bool = False  # round 0: every rank must post first
     after_flush: bool = False
+    parked: np.ndarray | None = None  # bool per rank, or None: nobody is parked
+    active: int = -1  # training ranks not parked (-1: all of training); the quorum's "ranks still training"
+
+    def stands_in(self, rank: int) -> bool:
+        """Whether ``rank`` starts no round by posting (it is flushing or parked)."""
+        return bool(self.flushing[rank]) or (self.parked is not None and bool(self.parked[rank]))
+
+    def is_parked(self, rank: int) -> bool:
+        return self.parked is not None and bool(self.parked[rank])
+
+    def active_count(self) -> int:
+        return len(self.training) if self.active < 0 else self.active
 
     @classmethod
     def registration_view(cls, world_size: int) -> "RoundView":
@@ -66,6 +86,9 @@ class RoundView:
         r = round_number + 1
         P = facts.shape[1]
         flushing_row = facts[FLUSHING]
+        parked_row = facts[PARKED]
+        if np.count_nonzero(parked_row):
+            return cls._with_parked(r, facts, max_staleness, flushes_done, last_flush_round, parked_row > 0)
         if not np.count_nonzero(flushing_row):
             # Nobody joined flushing (the steady state): everyone trains. (argmin skips the
             # ufunc reduction machinery of min(), about 0.5 us: this runs every round.)
@@ -74,10 +97,11 @@ class RoundView:
             blockers = _EMPTY if known[known.argmin()] >= lowest else np.flatnonzero(known < lowest)
             return cls(r, _everyone(P), blockers, known, _nobody(P))
         if is_flush_round(facts, flushes_done - 1) and last_flush_round == round_number:
-            # the flush round: every rank took everything and trains again
-            everyone = np.arange(P)
-            blockers = everyone if max_staleness == 0 else np.zeros(0, np.int64)  # r < r - tau + 1 iff tau = 0
-            return cls(r, everyone, blockers, np.full(P, r, np.int64), np.zeros(P, bool), after_flush=True)
+            # the flush round: every rank took everything and trains again, but for those that left
+            left = flushing_row == LEFT
+            training = np.flatnonzero(~left)
+            blockers = training if max_staleness == 0 else np.zeros(0, np.int64)  # r < r - tau + 1 iff tau = 0
+            return cls(r, training, blockers, np.full(P, r, np.int64), left, after_flush=True)
         flushing = facts[FLUSHING] > flushes_done
         known = facts[KNOWN_TAKEN]
         over = (facts[FLUSHING] > 0) & ~flushing
@@ -86,12 +110,34 @@ class RoundView:
         blockers = np.flatnonzero(training & (known < r - max_staleness + 1))
         return cls(r, np.flatnonzero(training), blockers, known, flushing)
 
+    @classmethod
+    def _with_parked(cls, r: int, facts: np.ndarray, max_staleness: int, flushes_done: int,
+                     last_flush_round: int, parked: np.ndarray) -> "RoundView":
+        """:meth:`after` where some rank joined the last round parked: a flush
+        round has none (each of its ranks was flushing this stream)."""
+        view = cls.after(r - 1, _unparked(facts), max_staleness, flushes_done, last_flush_round)
+        parked = parked & ~view.flushing
+        view.parked = parked
+        view.blockers = view.blockers[~parked[view.blockers]]
+        view.active = int(np.count_nonzero(~view.flushing & ~parked))
+        return view
+
+
+def _unparked(facts: np.ndarray) -> np.ndarray:
+    out = facts.copy()
+    out[PARKED] = 0
+    return out
+
 
 def is_flush_round(facts: np.ndarray, flushes_before: int) -> bool:
     """Every rank joined the round flushing, in the flush after the
-    ``flushes_before`` completed ones: the round sums every pending post."""
+    ``flushes_before`` completed ones (or having left, which matches any
+    flush): the round sums every pending post."""
     row = facts[FLUSHING]
-    return bool(row[0] == flushes_before + 1) and bool((row == flushes_before + 1).all())
+    n = flushes_before + 1
+    if row[0] != n and row[0] != LEFT:
+        return False
+    return bool(((row == n) | (row == LEFT)).all())
 
 
 def round_facts(facts: np.ndarray, flushes_before: int = 0):

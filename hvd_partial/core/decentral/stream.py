@@ -44,6 +44,17 @@ of round ``c`` as every other rank, and has not yet heard that ``c`` started):
   round ``c`` at once, as a held-back starter (solo) or an early joiner
   (majority); if someone still trains, ``c`` is no flush round and the next
   round, which is not balanced, gathers as usual.
+- Parked (:meth:`DecentralStream.park`): a rank that waits in a call that
+  needs every rank, with no post or flush of this stream in progress, is
+  ready for any staleness gather, stands in for majority's initiator and
+  leaves the quorum, as a flushing rank does; the rounds it joins say so in
+  their facts (``PARKED``), so the next view counts it out. Once unparked it
+  takes every round it joined parked before computing again
+  (:attr:`~DecentralStream.take_ready`); a blocker that took enough rounds so
+  is ready at once. A rank whose shutdown flushed the stream (``final``) is
+  ``LEFT`` in every later round's facts: it never trains again and is part of
+  every later flush round, so a rank that leaves early never holds up the
+  others' flushes.
 - Starting a round, or hearing of it first, floods :class:`~.messages.Activate`
   over the hypercube (:mod:`hvd_partial.core.activation`); every rank joins
   each round once, with everything it has posted and not yet contributed.
@@ -89,7 +100,7 @@ from ...errors import EngineError, MismatchError, StreamConflictError
 from ...modes import DesignatedInitiators
 from ..activation import Activation
 from ..round_result import RoundResult, any_data
-from .facts import FLUSHING, INITIATED, KNOWN_TAKEN, STALENESS, RoundView, empty_facts, round_facts
+from .facts import FLUSHING, INITIATED, KNOWN_TAKEN, LEFT, PARKED, STALENESS, RoundView, empty_facts, round_facts
 from .gather import Gather, position_in_sorted
 from .messages import Activate, Complete, Defer, Gathered, Join, QuorumMet, Rejected, ReleaseActivation, Send
 from .quorum import BEGAN_FLUSHING, HOLDS, QUORUM_SLOTS, QuorumCounters, SharedQuorumCounters, quorum_met
@@ -185,6 +196,11 @@ class DecentralStream:
         self.results: deque[RoundResult] = deque()
         self.waiter: tuple[str, int] | None = None  # ("post" | "flush", seq)
         self.flushing = False
+        # Waiting in a call that needs every rank, with nothing posted here: like a flushing
+        # rank, it stands in for majority's initiator and leaves the quorum, and blocks no round.
+        self.parked = False
+        self.left = False  # shutdown flushed the stream: this rank posts to it no more
+        self._parked_through = -1  # the last round this rank joined parked
         self.flushes = 0  # flush calls made
         self.flushes_done = 0  # flush rounds completed
         self.last_flush_round = -1
@@ -204,6 +220,7 @@ class DecentralStream:
     def post(self, payload) -> list:
         """Post a contribution; its ``Complete`` comes now or when a round completes."""
         self._check_idle("post")
+        self.parked = False  # (another thread of the rank trains while one waits in a collective)
         self.seq += 1
         self.pending.append(_Pending(self.seq, self.taken, payload))
         out: list = []
@@ -213,16 +230,58 @@ class DecentralStream:
             self.waiter = ("post", self.seq)
         return out + self._progress()
 
-    def flush(self) -> list:
-        """Stop training until the flush round, which sums every pending post."""
+    def flush(self, final: bool = False) -> list:
+        """Stop training until the flush round, which sums every pending post;
+        ``final`` (shutdown's flush): this rank posts no more, and takes part
+        in every later flush round as well."""
         self._check_idle("flush")
         if self.seq == 0:
             raise StreamConflictError(f"stream {self.name!r}: rank {self.rank} flushed before its first post")
+        self.parked = False
+        self.left = self.left or final
         self.flushing = True
         self.flushes += 1
         self.waiter = ("flush", self.seq)
         self._flush_results = self._take()
         return self._progress()
+
+    def park(self) -> list:
+        """This rank waits in a call that needs every rank (a helper
+        collective, another stream's flush): with no post or flush of this
+        stream in progress, it blocks no round and stands in for majority's
+        initiator until :meth:`unpark`. Rounds completed meanwhile stay to be
+        taken: the host applies them before the rank computes again."""
+        if self.waiter is not None or self.flushing or self.left or self.failure is not None or self.tau == 0:
+            return []  # (tau = 0 is synchronous: every round waits for every rank, parked or not)
+        self.parked = True
+        return self._progress()
+
+    def unpark(self) -> list:
+        """The call that parked this rank returned: it trains again, once it
+        took every round it joined parked (:attr:`take_ready`)."""
+        self.parked = False
+        return []
+
+    @property
+    def take_ready(self) -> bool:
+        """Every round this rank joined parked has completed here. Its facts
+        said it would take them before computing again (it blocked nobody),
+        so the host takes them before the rank's next gradient."""
+        return self.completed > self._parked_through or self.failure is not None
+
+    def take(self) -> tuple[list, list]:
+        """The rounds completed and not yet taken, taken now (none while a
+        post or flush waits), and the actions that follow: a blocker that took
+        enough rounds so has caught up."""
+        if self.waiter is not None:
+            return [], []
+        results = self._take()
+        return results, self._progress(took=bool(results))
+
+    @property
+    def stands_in(self) -> bool:
+        """This rank starts rounds without posting (flushing, parked or left), as majority's initiator may."""
+        return self.flushing or self.parked or self.left
 
     def _check_idle(self, what: str):
         if self.failure is not None:
@@ -345,6 +404,8 @@ class DecentralStream:
         else:
             if self.kind == "majority":
                 held.designated = d = self._designated(view.round)
+                if self.quorum is not None and view.parked is not None and view.active_count() == 0:
+                    held.quorum_met = True  # every training rank is parked: no addition can make it
                 if not held.balanced:  # (a balanced round is decided by _progress_balanced, with no gather)
                     held.stale = self._majority_gather(view, d)
             elif len(view.blockers):
@@ -391,9 +452,11 @@ class DecentralStream:
         else:  # pragma: no cover - a protocol bug
             raise EngineError(f"rank {self.rank}: unexpected message {msg!r}")
 
-    def _progress(self) -> list:
-        if not self.pending and self.waiter is None and not self.flushing:
-            return []  # (most completions) every gather, notice and start below needs one of these
+    def _progress(self, took: bool = False) -> list:
+        if not self.pending and self.waiter is None and not self.stands_in and not took:
+            stale = self.held.stale if self.held is not None else None
+            if stale is None or not stale.ready or stale.reported:  # (ready by a take: its gather goes on)
+                return []  # (most completions) every gather, notice and start below needs one of these
         held = self.held
         if self.failure is not None or held is None or held.view.round <= self.activation.latest:
             return []  # failed, or the round started here already
@@ -406,7 +469,8 @@ class DecentralStream:
         holds = bool(self.pending)
         out: list = []
         if held.stale is not None and not held.stale.ready:
-            held.stale.ready = holds if view.registration else (holds or self.flushing)
+            held.stale.ready = holds if view.registration else (
+                holds or self.stands_in or self.taken >= c - self.tau + 1)  # (caught up by a take after a park)
         if self.flushing:
             flush = self._flush_gather(held)
             if flush is not None:
@@ -434,7 +498,7 @@ class DecentralStream:
         addition that makes the quorum tells the designated rank (module
         docstring of :mod:`.quorum`)."""
         amount = self._news(held, holds)
-        if amount and self._add(held.view.round, held.designated, amount, len(held.view.training), out):
+        if amount and self._add(held.view.round, held.designated, amount, held.view.active_count(), out):
             held.quorum_met = True
 
     def _news(self, held: _Held, holds: bool) -> int:
@@ -443,7 +507,7 @@ class DecentralStream:
         if holds and not held.counted_holds:
             held.counted_holds = True
             amount = HOLDS
-        if self.flushing and not held.counted_flushing and not held.view.flushing[self.rank]:
+        if self.stands_in and not held.counted_flushing and not held.view.stands_in(self.rank):
             held.counted_flushing = True
             amount += BEGAN_FLUSHING
         return amount
@@ -466,7 +530,7 @@ class DecentralStream:
         for the end of its activation delay (module docstring of :mod:`.quorum`)."""
         view = held.view
         self.deferred_count = (view.round, held.designated, self._news(held, bool(self.pending)),
-                               len(view.training))
+                               view.active_count())
 
     def _count_deferred(self, c: int) -> list:
         """This rank's activation delay of balanced round ``c`` ended before the
@@ -528,17 +592,17 @@ class DecentralStream:
         if d != self.rank:
             # Everyone knows the designated initiator is flushing, and no quorum is set: it stands
             # in for a post, so the first rank to hold data starts the round.
-            return self.quorum is None and bool(view.flushing[d]) and not len(view.blockers) and holds
+            return self.quorum is None and view.stands_in(d) and not len(view.blockers) and holds
         if not stale_done:
             return False
-        newly_flushing = self.flushing and not view.flushing[self.rank]
+        newly_standing_in = self.stands_in and not view.stands_in(self.rank)
         if self.quorum is None:
-            if holds or newly_flushing:  # newly flushing: nobody else knew to start it
+            if holds or newly_standing_in:  # newly flushing or parked: nobody else knew to start it
                 return True
             # Known to be flushing: with blockers, they all caught up, by a post (so data exists) or by
             # flushing (each flush allows one such round); without, the holders start it.
-            return self.flushing and len(view.blockers) > 0
-        return (holds or self.flushing) and held.quorum_met
+            return self.stands_in and len(view.blockers) > 0
+        return (holds or self.stands_in) and held.quorum_met
 
     def _start(self, c: int, initiated: bool) -> list:
         sends = self.activation.start(c)
@@ -549,7 +613,7 @@ class DecentralStream:
         every rank is about to start or join it too, at a post or a flush.
         Only local state beyond the view: every rank decides alike."""
         return (self.defer_activations and self._last_full and not view.registration and not len(view.blockers)
-                and len(view.training) == self.world_size)
+                and len(view.training) == self.world_size and view.parked is None)
 
     def _progress_balanced(self, held: _Held) -> list:
         """``_progress`` for a round of balanced training (no blockers, nobody
@@ -565,7 +629,7 @@ class DecentralStream:
             out = self._hold_back(held.view.round)
         else:
             if held.designated == self.rank:
-                if not self.pending and not self.flushing:
+                if not self.pending and not self.stands_in:
                     return out
                 if self.quorum is not None:
                     self._defer_count(held)
@@ -628,8 +692,11 @@ class DecentralStream:
             facts[STALENESS, me] = 1 + r - items[0].computed_for
         waiting = self.waiter is not None and self.waiter[0] == "post"
         facts[KNOWN_TAKEN, me] = self.taken + (1 if waiting else 0)
-        facts[FLUSHING, me] = self.flushes if self.flushing else 0
+        facts[FLUSHING, me] = LEFT if self.left else (self.flushes if self.flushing else 0)
         facts[INITIATED, me] = 1 if initiated else 0
+        if self.parked:
+            facts[PARKED, me] = 1
+            self._parked_through = r
         if self.held is not None and self.held.view.round <= r:
             self.held = None
         if self.early:
