@@ -67,6 +67,10 @@ class Engine:
         self._shutdown_handle: Handle | None = None
         self._leaving_requested = False  # set by the compute thread in shutdown()
         self._parked = 0  # compute threads waiting in a call that needs every rank (engine thread's count)
+        # When the driver parks this rank's streams: such a wait that ends sooner (every rank came at
+        # once) parks nothing, so it starts no round a designated rank would otherwise start there.
+        self._park_at: float | None = None
+        self._streams_parked = False
         self._takes: list = []  # TakeCommands waiting for rounds joined parked to complete
         # Called on the compute thread after it waited in such a call: adapters apply there the
         # rounds completed meanwhile, before the rank computes again (docs/design.md, "Parked ranks").
@@ -235,8 +239,11 @@ class Engine:
                     pacing.worked()
                 else:
                     calls, held = self._calls, self._held_floods
+                    timer = held[0][0] if held else None
+                    if self._park_at is not None and (timer is None or self._park_at < timer):
+                        timer = self._park_at
                     pacing.rest(self._reductions, self._helpers.busy,
-                                min(h.posted_at for h in calls) if calls else None, held[0][0] if held else None)
+                                min(h.posted_at for h in calls) if calls else None, timer)
         except TooManyStreamsError as exc:  # a limit the user can act on, not a crash
             self.fail(exc, notify=True, local=True)
             self._liveness.drain_notices()
@@ -262,6 +269,9 @@ class Engine:
         held = self._held_floods
         if held and held[0][0] <= time.perf_counter():  # the oldest held flood's delay passed
             worked |= self._release_held_floods()
+        if self._park_at is not None and self._park_at <= time.perf_counter():
+            self._park_streams()
+            worked = True
         worked |= self._helpers.progress()
         self._pacing.unsent = self.transport.progress_sends()
         now = time.monotonic()
@@ -359,14 +369,27 @@ class Engine:
         self._takes = waiting
 
     def _park(self, delta: int) -> None:
+        """A compute thread begins or ends waiting in a call that needs every
+        rank. Its streams are parked once the wait has lasted the activation
+        delay (at once without one)."""
         before = self._parked
         self._parked += delta
-        if self.failure is not None:
-            return
         if before == 0 and self._parked > 0:
-            self._driver.park()
+            self._park_at = time.perf_counter() + self._activation_delay
+            if self._activation_delay <= 0:
+                self._park_streams()
         elif before > 0 and self._parked == 0:
-            self._driver.unpark()
+            self._park_at = None
+            if self._streams_parked:
+                self._streams_parked = False
+                if self.failure is None:
+                    self._driver.unpark()
+
+    def _park_streams(self) -> None:
+        self._park_at = None
+        if self.failure is None and not self._streams_parked:
+            self._streams_parked = True
+            self._driver.park()
 
     def _on_status(self, source: int, status) -> None:
         if self.observer is not None:

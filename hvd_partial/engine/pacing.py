@@ -121,7 +121,7 @@ class Pacing:
             # A compute thread waits for a round to start: look closely for
             # a while, yielding (a doorbell's wake-up is slow); a longer wait
             # is for another rank's computation, so nap and leave it the CPU.
-            self.nap_while_waiting(oldest_wait)
+            self.nap_while_waiting(oldest_wait, timer)
         elif time.perf_counter() < self._awake_until:
             # Work just happened and more usually follows (the next post of a
             # training loop): stay awake a little, yielding, rather than pay a wake-up.

@@ -541,6 +541,7 @@ class DistributedOptimizer:
             self._parked_rounds.extend(results)
             return
         grads = [p.grad for p in self._params]  # the user's local gradients stay as they were
+        hyper = self._hyper
         try:
             self._queue = deque(results)
             self._loaded = None
@@ -548,6 +549,8 @@ class DistributedOptimizer:
         finally:
             for p, g in zip(self._params, grads):
                 p.grad = g
+        if not any(r.has_data for r in results):
+            self._hyper = hyper  # nothing applied: a change of hyperparameters after flush() stays allowed
         self.last_results = [r.facts_only() for r in results]
 
     def _local_gradients(self):

@@ -185,6 +185,23 @@ class LoopbackWorld:
             rank.waiter = None
             raise
 
+    def park(self, j: int) -> None:
+        """Rank j's compute thread begins waiting in a call that needs every rank."""
+        self.ranks[j].driver.park()
+
+    def unpark(self, j: int) -> None:
+        self.ranks[j].driver.unpark()
+
+    def take(self, j: int, name: str = STREAM) -> bool:
+        """Rank j takes the rounds completed since its last take, as a host
+        does after a park; False while a round it joined parked is in flight."""
+        results = self.ranks[j].driver.take(name)
+        if results is None:
+            return False
+        if self.keeps_results(j):
+            self.ranks[j].taken.setdefault(name, []).extend(results)
+        return True
+
     def shutdown(self, j: int):
         """Rank j shuts down: its driver flushes every stream and says goodbye."""
         rank = self.ranks[j]

@@ -57,8 +57,8 @@ def check_counts(world: DecentralWorld, stats: dict):
     H = max_hops(P)
     for r, per_kind in world.counts.items():
         for name, (sent, recv) in per_kind.items():
-            if name == "Activate":
-                assert sent.max() <= H and recv.max() <= H, f"P={P} round {r}: activation {sent.max()}/{recv.max()}"
+            if name in ("Activate", "DesignatedParked"):  # (both hypercube floods)
+                assert sent.max() <= H and recv.max() <= H, f"P={P} round {r}: {name} {sent.max()}/{recv.max()}"
             elif name.startswith("Gathered"):
                 assert sent.max() <= 1 and recv.max() <= H, f"P={P} round {r}: {name} {sent.max()}/{recv.max()}"
             elif name == "QuorumMet":

@@ -35,8 +35,11 @@ def rounds_started(world, j=0) -> int:
     return world.ranks[j].stream.started
 
 
-def run_schedule(world_size, mode, tau, posts_per_rank, seed, speeds, drain=False, plane="central"):
-    """Random schedule: compute actions of rank j happen with weight speeds[j]."""
+def run_schedule(world_size, mode, tau, posts_per_rank, seed, speeds, drain=False, plane="central", park_at=None):
+    """Random schedule: compute actions of rank j happen with weight speeds[j].
+    With ``park_at``, rank j enters a barrier once it has that many posts
+    left, parked, and takes the rounds completed meanwhile after every rank
+    came (``world.parked_takes`` counts them)."""
     rng = random.Random(seed)
     total = sum(posts_per_rank)
     layout = Layout.of([np.zeros(total, dtype=np.int64)])
@@ -47,10 +50,19 @@ def run_schedule(world_size, mode, tau, posts_per_rank, seed, speeds, drain=Fals
     owner = {}
     eager_checks = 0
     world.rounds_before_first_flush = None  # rounds completed anywhere when the first rank flushed
+    barrier = [0 if park_at is not None else 3] * world_size  # 0 before, 1 in it, 2 out and to take, 3 done
+    world.parked_takes = 0
     while True:
         events = [("comm", e) for e in world.communication_events()]
+        if all(b >= 1 for b in barrier):
+            events += [("unpark", j) for j in range(world_size) if barrier[j] == 1]
+        events += [("take", j) for j in range(world_size) if barrier[j] == 2]
         for j in range(world_size):
-            if world.idle(j) and not flushed[j]:
+            if barrier[j] == 0 and world.idle(j) and remaining[j] == park_at[j]:
+                events.append(("park", j))
+            elif barrier[j] in (1, 2):
+                continue
+            elif world.idle(j) and not flushed[j]:
                 if remaining[j] > 0:
                     events += [("post", j)] * speeds[j]
                 elif world.ranks[j].registered or posts_per_rank[j] == 0 and all(
@@ -61,6 +73,17 @@ def run_schedule(world_size, mode, tau, posts_per_rank, seed, speeds, drain=Fals
         kind, what = rng.choice(events)
         if kind == "comm":
             world.apply(what)
+        elif kind == "park":
+            barrier[what] = 1
+            world.park(what)
+        elif kind == "unpark":
+            barrier[what] = 2
+            world.unpark(what)
+        elif kind == "take":
+            before = len(world.results(what))
+            if world.take(what):
+                barrier[what] = 3
+                world.parked_takes += len(world.results(what)) - before
         elif kind == "post":
             one_hot = np.zeros(total, dtype=np.int64)
             one_hot[index] = 1
@@ -116,7 +139,7 @@ def check_eagerness_decentral(world) -> int:
     return 1 if waiting else 0
 
 
-def check_invariants(world, total, owner, tau, mode):
+def check_invariants(world, total, owner, tau, mode, parked=False):
     P = world.world_size
     reference = world.results(0)
     # Consistency: every rank took every round, in order, with identical results.
@@ -149,8 +172,10 @@ def check_invariants(world, total, owner, tau, mode):
             assert res.staleness[rank] == res.round - oldest
     # Quorum: a round made up before anyone flushed has at least k contributors.
     if getattr(mode, "quorum", None) is not None:
+        # (parked ranks count out of the quorum: with them, a round has at least one holder)
+        floor = 1 if parked else min(mode.quorum, P)
         for res in reference[1:getattr(world, "rounds_before_first_flush", None) or 0]:
-            assert len(res.contributors) >= min(mode.quorum, P), \
+            assert len(res.contributors) >= floor, \
                 f"round {res.round}: {res.contributors} contributed, quorum {mode.quorum}"
     # Majority: initiators are the designated ones, identical on every rank.
     if mode.kind == "majority":
@@ -234,6 +259,32 @@ def test_held_back_paths_run_in_random_schedules():
     assert quorum[0] > 50 and quorum[1] > 10 and quorum[2] > 50 and quorum[3] > 20, counts
     # balanced rounds whose delays ended first: the additions kept back, and quorums met by a notice
     assert deferred_additions > 20 and notices > 5, (deferred_additions, notices)
+
+
+@pytest.mark.parametrize("plane", ["decentral", "decentral+held"])
+def test_parked_ranks_in_random_schedules(plane):
+    """Every rank waits once in a barrier after its own number of posts
+    (as at an epoch's end), parked, and takes what completed meanwhile once
+    every rank came: nothing hangs, every invariant holds, and a parked
+    designated rank starts no round of its own (it tells the others)."""
+    taken_after = {"solo": 0, "majority": 0, "majority_quorum": 0}
+    notices = 0
+    for seed in range(300):
+        rng = random.Random(seed)
+        P = rng.randint(2, 6)
+        mode = [Solo(), Majority(seed=seed % 5), Majority(seed=seed % 5, quorum=rng.randint(1, P))][seed % 3]
+        tau = rng.randint(1, 3)
+        posts = [rng.randint(2, 8) for _ in range(P)]
+        park_at = [rng.randint(0, n - 1) for n in posts]
+        world, total, owner, _ = run_schedule(P, mode, tau, posts, seed, [rng.randint(1, 8) for _ in range(P)],
+                                              plane=plane, park_at=park_at)
+        check_invariants(world, total, owner, tau, mode, parked=True)
+        assert all(world.left(j) or world.ranks[j].waiter is None for j in range(P))
+        taken_after[mode.kind + ("_quorum" if getattr(mode, "quorum", None) else "")] += world.parked_takes
+        notices += sum(1 for r in world.ranks for m in [r.driver.control.streams[0]]
+                       if m._parked_notice >= 0)
+    assert all(n > 100 for n in taken_after.values()), taken_after
+    assert notices > 10, notices
 
 
 @planes

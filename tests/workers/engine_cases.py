@@ -572,7 +572,9 @@ elif case == "waiting_cpu":
     naps = []  # the engine's sleeps while this rank waits: its wake-ups, whatever the machine's load
     sleep = engine._pacing._nap
     engine._pacing._nap = lambda seconds: naps.append(seconds) or sleep(seconds)
-    hvd.barrier()
+    # Line the ranks up with a sync post, not a barrier: a rank in a barrier is parked, and the
+    # designated rank would start round 1 there, without waiting for its own post.
+    hvd.partial_allreduce(np.ones(1), "line up", mode=hvd.Sync())
     cpu0, wall0, naps_before = time.process_time(), time.monotonic(), len(naps)
     if rank == last:
         time.sleep(1.0)  # "computing"; round 1 starts when this rank posts

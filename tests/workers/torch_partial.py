@@ -8,6 +8,7 @@ usage: torch_partial.py solo|majority
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import time
@@ -80,17 +81,18 @@ def main():
 
     catch_up_k = None
     if mode_name == "solo":
-        # Deterministic catch-up: the last rank waits in a barrier while the
-        # others take 2 steps each (at most 6 rounds, within TAU - 1 of it), so
-        # its next post must take >= 2 rounds at once, and its gradient is stale.
+        # Deterministic catch-up: the last rank waits, in no hvd_partial call (one
+        # would park it: it would take the rounds as they come), while the others
+        # take 2 steps each (at most 6 rounds, within TAU - 1 of it), so its next
+        # post must take >= 2 rounds at once, and its gradient is stale.
         phase("forced catch-up")
         opt.flush()
         if rank == size - 1:
-            hvd.barrier()
+            await_others("catch-up")
         else:
             step()
             step()
-            hvd.barrier()
+            announce("catch-up")
         step()
         catch_up_k = len(opt.last_results)
 
@@ -102,6 +104,8 @@ def main():
     for r in opt.flush():
         max_staleness = max([max_staleness, *r.staleness.values()])
     final = fingerprint(model, opt)
+    # (after a later collective a rank may also have taken an empty round another one has not yet)
+    rounds, updates = opt.rounds, opt.updates
     local_all = hvd.allgather_object([t.tolist() for t in local])
     total_local = [sum(torch.tensor(local_all[j][i], dtype=torch.float64) for j in range(size)) / size
                    for i in range(len(local))]
@@ -114,9 +118,24 @@ def main():
         guard = horovod_clip_pattern_guard()
 
     hvd.shutdown()
-    report({"per_round": per_round, "final": final, "rounds": opt.rounds, "updates": opt.updates, "ks": ks,
+    report({"per_round": per_round, "final": final, "rounds": rounds, "updates": updates, "ks": ks,
             "catch_up_k": catch_up_k, "max_staleness": max_staleness, "conservation": conservation, "scale": scale,
             "steps": steps, "stale": stats["stale"], "fresh": stats["fresh"], "guard": guard})
+
+
+def announce(event: str) -> None:
+    """This rank has done its part before ``event`` (a file: the ranks' order, not a time)."""
+    path = os.path.join(os.environ["HVD_TEST_OUT"], f"{event}.{hvd.rank()}")
+    with open(path + ".tmp", "w") as fh:
+        fh.write("done")
+    os.replace(path + ".tmp", path)
+
+
+def await_others(event: str) -> None:
+    """Wait, outside any hvd_partial call, until every other rank announced ``event``."""
+    paths = [os.path.join(os.environ["HVD_TEST_OUT"], f"{event}.{j}") for j in range(hvd.size()) if j != hvd.rank()]
+    while not all(os.path.exists(p) for p in paths):
+        time.sleep(0.001)
 
 
 def horovod_clip_pattern_guard():
@@ -145,11 +164,11 @@ def horovod_clip_pattern_guard():
 
     step(False)
     if rank == size - 1:
-        hvd.barrier()
+        await_others("guard")
     else:
         step(False)
         step(False)
-        hvd.barrier()
+        announce("guard")
     error = step(rank == size - 1)
     k = len(opt.last_results)
     opt.flush()

@@ -52,6 +52,16 @@ class QuorumMet:
 
 
 @dataclass(frozen=True)
+class DesignatedParked:
+    """Majority round ``round``'s designated initiator waits in a call that
+    needs every rank (parked) and will not post for it: a rank that holds
+    data starts the round itself, as for a flushing designated rank. Flooded
+    over the hypercube, once per rank."""
+
+    round: int
+
+
+@dataclass(frozen=True)
 class Rejected:
     """Registration found ranks that disagree on the stream: flooded like an
     activation; every rank fails its waiter with ``MismatchError(reason)``."""

@@ -50,11 +50,12 @@ _LOW = (1 << 32) - 1
 def quorum_met(count: int, quorum: int, training: int) -> bool:
     """Whether ``count`` (packed as above) makes the quorum of a round whose
     view has ``training`` ranks training: ``min(quorum, those still training)``
-    ranks, and at least one, hold data; or nobody trains any more (the round
-    is then the flush round, data or not). Monotone in both packed counts."""
+    ranks, and at least one, hold data (a round nobody holds data for is
+    needed by nobody: where every rank flushes, the flush gather starts the
+    flush round). Monotone in both packed counts."""
     holders, began_flushing = count & _LOW, count >> 32
     still_training = training - began_flushing
-    return still_training <= 0 or holders >= max(1, min(quorum, still_training))
+    return holders >= max(1, min(quorum, still_training))
 
 
 class QuorumCounters(Protocol):

@@ -102,7 +102,8 @@ from ..activation import Activation
 from ..round_result import RoundResult, any_data
 from .facts import FLUSHING, INITIATED, KNOWN_TAKEN, LEFT, PARKED, STALENESS, RoundView, empty_facts, round_facts
 from .gather import Gather, position_in_sorted
-from .messages import Activate, Complete, Defer, Gathered, Join, QuorumMet, Rejected, ReleaseActivation, Send
+from .messages import (Activate, Complete, Defer, DesignatedParked, Gathered, Join, QuorumMet, Rejected,
+                       ReleaseActivation, Send)
 from .quorum import BEGAN_FLUSHING, HOLDS, QUORUM_SLOTS, QuorumCounters, SharedQuorumCounters, quorum_met
 
 
@@ -129,6 +130,9 @@ class _Held:
     counted_holds: bool = False
     counted_flushing: bool = False
     quorum_met: bool = False
+    # majority: the designated rank is parked (its DesignatedParked notice came, or it is this
+    # rank and sent it): a rank that holds data starts the round
+    designated_parked: bool = False
     # registration: the signature of the lowest rank heard of, that rank, and a disagreement found
     signature: object = None
     first: int | None = None
@@ -201,6 +205,7 @@ class DecentralStream:
         self.parked = False
         self.left = False  # shutdown flushed the stream: this rank posts to it no more
         self._parked_through = -1  # the last round this rank joined parked
+        self._parked_notice = -1  # the latest round whose DesignatedParked notice this rank has passed on
         self.flushes = 0  # flush calls made
         self.flushes_done = 0  # flush rounds completed
         self.last_flush_round = -1
@@ -315,6 +320,8 @@ class DecentralStream:
             if self.deferred_count is not None:
                 return self._count_deferred(msg.round)
             return self._release(msg.round)
+        if type(msg) is DesignatedParked:
+            return self._on_designated_parked(source, msg)
         if type(msg) is QuorumMet and msg.round == self.flood_awaits_quorum:
             self.flood_awaits_quorum = None
             return self._release(msg.round) if self.held_back == msg.round else []
@@ -404,8 +411,7 @@ class DecentralStream:
         else:
             if self.kind == "majority":
                 held.designated = d = self._designated(view.round)
-                if self.quorum is not None and view.parked is not None and view.active_count() == 0:
-                    held.quorum_met = True  # every training rank is parked: no addition can make it
+                held.designated_parked = self._parked_notice == view.round
                 if not held.balanced:  # (a balanced round is decided by _progress_balanced, with no gather)
                     held.stale = self._majority_gather(view, d)
             elif len(view.blockers):
@@ -488,6 +494,8 @@ class DecentralStream:
                     out.append(Send(gather.parent, Gathered(c, gather.kind, gather.position)))
         if self.quorum is not None and held.designated is not None:
             self._count(held, holds, out)
+        elif self._parked_designated(held):
+            out += self._tell_designated_parked(held)
         if self._may_start(held, holds):
             out += self._start(c, initiated=not view.registration)
         return out
@@ -592,12 +600,13 @@ class DecentralStream:
         if d != self.rank:
             # Everyone knows the designated initiator is flushing, and no quorum is set: it stands
             # in for a post, so the first rank to hold data starts the round.
-            return self.quorum is None and view.stands_in(d) and not len(view.blockers) and holds
+            return (self.quorum is None and (view.stands_in(d) or held.designated_parked)
+                    and not len(view.blockers) and holds)
         if not stale_done:
             return False
-        newly_standing_in = self.stands_in and not view.stands_in(self.rank)
         if self.quorum is None:
-            if holds or newly_standing_in:  # newly flushing or parked: nobody else knew to start it
+            # newly flushing: nobody else knew to start it (a newly parked one tells them instead)
+            if holds or ((self.flushing or self.left) and not view.stands_in(self.rank)):
                 return True
             # Known to be flushing: with blockers, they all caught up, by a post (so data exists) or by
             # flushing (each flush allows one such round); without, the holders start it.
@@ -631,9 +640,20 @@ class DecentralStream:
             if held.designated == self.rank:
                 if not self.pending and not self.stands_in:
                     return out
-                if self.quorum is not None:
+                if self._parked_designated(held) or (self.parked and self.quorum is not None and not held.quorum_met):
+                    # parked, with nothing to post: start nothing; the holders start it (told so,
+                    # or, with a quorum, told by the addition that makes it)
+                    if self.quorum is None:
+                        return self._tell_designated_parked(held)
+                    self._count(held, bool(self.pending), out)
+                    if not held.quorum_met:
+                        return out
+                if self.quorum is not None and not self.parked:
                     self._defer_count(held)
                 out += self._hold_back(held.view.round)
+            elif (waiter is not None and self.pending and waiter[0] == "post" and held.designated_parked
+                  and self.quorum is None):
+                out += self._hold_back(held.view.round)  # the designated rank is parked: start it, as solo does
             elif waiter is not None and ((self.pending and waiter[0] == "post") or self.flushing):
                 if self.quorum is not None:
                     self._defer_count(held)
@@ -645,6 +665,34 @@ class DecentralStream:
                 return out
         if self.flushing:
             self.joined_at_flush += 1
+        return out
+
+    def _parked_designated(self, held: _Held) -> bool:
+        """This rank is the designated initiator, parked with nothing to post,
+        and has not yet told the others (majority without a quorum)."""
+        return (self.kind == "majority" and self.quorum is None and held.designated == self.rank and self.parked
+                and not self.pending and not held.designated_parked and not held.view.stands_in(self.rank))
+
+    def _tell_designated_parked(self, held: _Held) -> list:
+        c = held.view.round
+        held.designated_parked = True
+        self._parked_notice = c
+        return [Send(n, DesignatedParked(c)) for n in self.activation.neighbours]
+
+    def _on_designated_parked(self, source: int, msg: DesignatedParked) -> list:
+        """The designated rank of ``msg.round`` is parked: pass the notice on
+        once, and start the round if this rank holds data for it."""
+        c = msg.round
+        if c <= self._parked_notice:
+            return []
+        self._parked_notice = c
+        out = [Send(n, msg) for n in self.activation.neighbours if n != source]
+        if self.awaiting_start == c:  # joined it early: start it now, flooding on
+            return out + self._release(c)
+        held = self.held
+        if held is not None and held.view.round == c and c > self.activation.latest:
+            held.designated_parked = True
+            out += self._progress()
         return out
 
     def _hold_back(self, c: int) -> list:
