@@ -27,6 +27,7 @@ from .config import Config, load_config
 from .core.buffer_pool import BufferPool
 from .core.fusion import Layout, check_array
 from .core.messages import StreamSignature
+from .core.post_request import PostRequest
 from .core.round_result import RoundResult
 from .engine.engine import Engine
 from .engine.handle import Handle
@@ -327,7 +328,7 @@ def _post(engine: Engine, arrays, name, mode, op, max_staleness, grouped: bool) 
         if pool is None:
             pool = current.pack_pools[name] = BufferPool()
         buffers, owned = layout.pack(arrays, pool)
-    return engine.submit_post(name, buffers, owned, layout, grouped, sync, op, signature)
+    return engine.submit_post(PostRequest(name, buffers, owned, layout, grouped, sync, op, signature))
 
 
 # ===== Horovod-style helpers: negotiated collectives (see hvd_partial.collectives) ============
@@ -350,7 +351,7 @@ def stats() -> dict:
         raise NotInitializedError("stats() before init()")
     engine = current.engine
     snapshot = engine.stats.snapshot()
-    return engine.observer.enrich(snapshot) if getattr(engine, "observer", None) is not None else snapshot
+    return engine.observer.enrich(snapshot) if engine.observer is not None else snapshot
 
 
 # ===== exit paths ======================================================================
