@@ -205,12 +205,7 @@ def poll(handle: Handle) -> bool:
 def synchronize(handle: Handle):
     """Wait for ``handle``; returns its rounds (a list of ``RoundResult``) for
     partial allreduce posts, or the helper's value."""
-    current = _session.current()
-    if current is None:
-        if handle.done():
-            return handle.value()
-        raise NotInitializedError("synchronize() after shutdown() on a handle that never completed")
-    return current.engine.wait(handle)
+    return _session.wait(handle)
 
 
 def flush_async(name: str) -> Handle:
