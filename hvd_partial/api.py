@@ -311,14 +311,20 @@ def _post(engine: Engine, arrays, name, mode, op, max_staleness, grouped: bool) 
         else:
             layout = Layout.of(arrays, bucket_bytes)
             current.layouts[name] = (shapes, layout)
-        signature = StreamSignature(layout.described, grouped, mode.describe(), op.value, tau)
+        # What the stream's signature is made of: while a post repeats the first post's, the
+        # signature is that one's (making and comparing a signature on every post costs more).
+        inputs = (layout, grouped, mode.describe(), op.value, tau)
         known = current.signatures.get(name)
-        if known is None:
-            current.signatures[name] = (signature, engine.rank)
-        elif known[0] != signature:
-            diffs = "; ".join(known[0].differences(signature))
-            raise StreamConflictError(f"rank {engine.rank}: stream {name!r} was first posted with other "
-                                      f"settings, now: {diffs}")
+        if known is not None and known[2] == inputs:
+            signature = known[0]
+        else:
+            signature = StreamSignature(layout.described, grouped, inputs[2], op.value, tau)
+            if known is None:
+                current.signatures[name] = (signature, engine.rank, inputs)
+            elif known[0] != signature:
+                diffs = "; ".join(known[0].differences(signature))
+                raise StreamConflictError(f"rank {engine.rank}: stream {name!r} was first posted with other "
+                                          f"settings, now: {diffs}")
         pool = current.pack_pools.get(name)
         if pool is None:
             pool = current.pack_pools[name] = BufferPool()

@@ -41,7 +41,8 @@ class Session:
     - ``transport``: the transport the engine runs on (rank, size, placement).
     - ``config``: the configuration in effect.
     - ``signatures``: per stream name, the settings of its first post on this
-      rank and the rank (a later post with other settings is refused locally).
+      rank, the rank, and what they were made of (a later post with other
+      settings is refused locally).
     - ``pack_pools``: per grouped stream, the buffers its fused posts are packed into.
     - ``layouts``: per stream name, the shapes and dtypes of its last post and
       their :class:`~hvd_partial.core.fusion.Layout` (reused while they match:
@@ -56,7 +57,7 @@ class Session:
     config: Config
     lock: threading.Lock = field(default_factory=threading.Lock)  # guards the fields below
     # -- the partial allreduce API's (hvd_partial.api)
-    signatures: dict[str, tuple[StreamSignature, int]] = field(default_factory=dict)
+    signatures: dict[str, tuple[StreamSignature, int, tuple]] = field(default_factory=dict)
     pack_pools: dict[str, BufferPool] = field(default_factory=dict)
     layouts: dict[str, tuple[tuple, Layout]] = field(default_factory=dict)  # name -> (shapes and dtypes, layout)
     # -- other users' state by name, made on first use (adapter_state): the helper collectives' names

@@ -22,7 +22,7 @@ from .fusion import Layout
 from .messages import StreamSignature
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, init=False)
 class PostRequest:
     """One rank's post to stream ``name``.
 
@@ -43,3 +43,10 @@ class PostRequest:
     sync: bool
     op: ReduceOp
     signature: StreamSignature
+
+    def __init__(self, name: str, buffers: list[np.ndarray], owned: list[bool], layout: Layout, grouped: bool,
+                 sync: bool, op: ReduceOp, signature: StreamSignature):
+        # One write for all fields: the generated __init__ of a frozen dataclass sets each
+        # through object.__setattr__, several times slower, and every post makes one.
+        self.__dict__.update(name=name, buffers=buffers, owned=owned, layout=layout, grouped=grouped, sync=sync,
+                             op=op, signature=signature)
