@@ -3,17 +3,17 @@
 Compute threads submit commands (post, flush, helper collectives, shutdown)
 and wait on handles. The engine thread runs this rank's protocol
 :class:`~hvd_partial.core.driver.Driver` (the same one the loopback world and
-the simulator run) and is its host: it moves the driver's messages, starts
-and completes the reductions it launches, and wakes the calls it finishes.
+the simulator run) and hosts it: it moves the driver's messages, starts and
+completes the reductions it launches, and wakes the calls it finishes.
 
-Its parts, one job each: :mod:`.commands` (intake), :mod:`.dispatch`
-(messages by tag), :mod:`.reductions` (rounds in flight), :mod:`.held_floods`
-(the activation delay's timer), :mod:`.parking` (parked ranks and the takes
-that wait for them), the helper collectives'
-:class:`~hvd_partial.collectives.negotiator.Negotiator`, :mod:`.liveness` (ring
-heartbeats and the failure flood), :mod:`.pacing` (the idle/wake policy) and
-:mod:`.leaving` (shutdown). It reaches the network only through a
-:class:`~hvd_partial.transport.protocol.Transport`.
+Its parts, one job each: :mod:`.commands` (intake), :mod:`.host` (where the
+driver's outputs go), :mod:`.dispatch` (messages by tag), :mod:`.reductions`
+(rounds in flight), :mod:`.held_floods` (the activation delay's timer),
+:mod:`.parking` (parked ranks and the takes that wait for them), the helper
+collectives' :class:`~hvd_partial.collectives.negotiator.Negotiator`,
+:mod:`.liveness` (ring heartbeats and the failure flood), :mod:`.pacing` (the
+idle/wake policy) and :mod:`.leaving` (shutdown). It reaches the network only
+through a :class:`~hvd_partial.transport.protocol.Transport`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from ..collectives.requests import LOCAL
 from ..config import Config
 from ..core.driver import Driver
 from ..core.post_request import PostRequest
-from ..core.rank_stream import Launch, RankStream, Waiter
-from ..core.round_result import RoundResult
+from ..core.rank_stream import Waiter
 from ..errors import EngineError, HvdPartialError, NotInitializedError, RankFailedError, TooManyStreamsError
 from ..observe.monitor import TAG_STATUS
 from ..transport.protocol import Transport
@@ -39,6 +38,7 @@ from .commands import (AbortCommand, CommandIntake, FlushCommand, HelperCommand,
 from .dispatch import Dispatch
 from .handle import Handle
 from .held_floods import HeldFloods
+from .host import EngineHost
 from .leaving import Leaving
 from .liveness import Liveness
 from .pacing import Pacing
@@ -83,8 +83,9 @@ class Engine:
         # buffers) alive until a full garbage collection, which rarely comes.
         me = weakref.proxy(self)
         self._intake = CommandIntake()
-        self._driver = Driver(self.rank, self.size, me, config.control_plane, config.activation_delay_us > 0,
-                              transport.quorum_counters)
+        self._host = EngineHost(me, self.stats, self._calls, lambda error: me.fail(error, notify=True, local=True))
+        self._driver = Driver(self.rank, self.size, weakref.proxy(self._host), config.control_plane,
+                              config.activation_delay_us > 0, transport.quorum_counters)
         self._liveness = Liveness(transport, self.rank, self.size, config)
         self._dispatch = Dispatch(transport, self.rank, self._driver, {
             TAG_FAILURE: lambda source, notice: me.fail(me._liveness.failure_notice(source, notice)),
@@ -93,6 +94,7 @@ class Engine:
         self._reductions = Reductions(transport, self.rank, config.reduce_poll_us, self._driver.complete)
         self._floods = HeldFloods(config.activation_delay_us / 1e6, self._driver.holds_flood,
                                   self._driver.release_flood, self._reductions.everyone_joined)
+        self._host.connect(self._dispatch, self._reductions, self._floods)
         self._parking = Parking(self._driver, config.activation_delay_us / 1e6, lambda: me.failure)
         # Negotiated helper collectives: submit(request), progress() each step, busy.
         self._helpers = Negotiator(transport, config, fail=lambda err: me.fail(err, notify=False, local=True),
@@ -358,51 +360,6 @@ class Engine:
     def _on_status(self, source: int, status) -> None:
         if self.observer is not None:
             self.observer.on_status(source, status)
-
-    # -- the protocol driver's host -------------------------------------------------------
-
-    def send(self, dest: int, message) -> None:
-        self._dispatch.send(dest, message)
-
-    def stream_registered(self, stream: RankStream) -> None:
-        self._reductions.add_stream(stream)
-
-    def defer_activation(self, stream_id: int, round_number: int) -> None:
-        # This rank's reduction of the round is in flight meanwhile, so the engine looks again
-        # within Pacing's focus interval.
-        self._floods.hold(stream_id, round_number)
-
-    def launch(self, stream: RankStream, launch: Launch) -> None:
-        if launch.facts is not None:
-            self.stats.round_started(stream.name, launch.facts.lag)
-        if self.timeline is not None:
-            self.timeline.launched(stream.name, launch)
-        self._reductions.launch(stream, launch)
-
-    def reduced(self, stream: RankStream, launch: Launch, result: RoundResult) -> None:
-        # (decentralized plane: the lags travel in the round's facts)
-        self.stats.round_completed(stream.name, result, stream.last_known_taken())
-        if self.timeline is not None:
-            self.timeline.reduced(stream.name, launch, result)
-
-    def finished(self, stream: RankStream, waiter: Waiter) -> None:
-        handle = waiter.handle
-        if handle is None:  # a flush of shutdown's own
-            return
-        self._calls.discard(handle)
-        handle.set_result(waiter.results)
-        if self.observer is not None:
-            self.observer.on_finish(stream.name, waiter)
-        if waiter.kind == "post":
-            self.stats.post_finished(stream.name, handle.wait_seconds or 0.0)
-
-    def refused(self, waiter: Waiter, error: Exception) -> None:
-        if waiter.handle is not None:
-            self._calls.discard(waiter.handle)
-            waiter.handle.set_error(error)
-
-    def failed(self, error: Exception) -> None:
-        self.fail(error, notify=True, local=True)
 
 
 # Each command's handler, by its type (the engine thread takes every queued command through it).
