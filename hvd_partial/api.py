@@ -27,6 +27,7 @@ from .config import Config, load_config
 from .core.buffer_pool import BufferPool
 from .core.fusion import Layout, check_array
 from .core.messages import StreamSignature
+from .core.post_request import PostRequest
 from .core.round_result import RoundResult
 from .engine.engine import Engine
 from .engine.handle import Handle
@@ -204,12 +205,7 @@ def poll(handle: Handle) -> bool:
 def synchronize(handle: Handle):
     """Wait for ``handle``; returns its rounds (a list of ``RoundResult``) for
     partial allreduce posts, or the helper's value."""
-    current = _session.current()
-    if current is None:
-        if handle.done():
-            return handle.value()
-        raise NotInitializedError("synchronize() after shutdown() on a handle that never completed")
-    return current.engine.wait(handle)
+    return _session.wait(handle)
 
 
 def flush_async(name: str) -> Handle:
@@ -315,19 +311,25 @@ def _post(engine: Engine, arrays, name, mode, op, max_staleness, grouped: bool) 
         else:
             layout = Layout.of(arrays, bucket_bytes)
             current.layouts[name] = (shapes, layout)
-        signature = StreamSignature(layout.described, grouped, mode.describe(), op.value, tau)
+        # What the stream's signature is made of: while a post repeats the first post's, the
+        # signature is that one's (making and comparing a signature on every post costs more).
+        inputs = (layout, grouped, mode.describe(), op.value, tau)
         known = current.signatures.get(name)
-        if known is None:
-            current.signatures[name] = (signature, engine.rank)
-        elif known[0] != signature:
-            diffs = "; ".join(known[0].differences(signature))
-            raise StreamConflictError(f"rank {engine.rank}: stream {name!r} was first posted with other "
-                                      f"settings, now: {diffs}")
+        if known is not None and known[2] == inputs:
+            signature = known[0]
+        else:
+            signature = StreamSignature(layout.described, grouped, inputs[2], op.value, tau)
+            if known is None:
+                current.signatures[name] = (signature, engine.rank, inputs)
+            elif known[0] != signature:
+                diffs = "; ".join(known[0].differences(signature))
+                raise StreamConflictError(f"rank {engine.rank}: stream {name!r} was first posted with other "
+                                          f"settings, now: {diffs}")
         pool = current.pack_pools.get(name)
         if pool is None:
             pool = current.pack_pools[name] = BufferPool()
         buffers, owned = layout.pack(arrays, pool)
-    return engine.submit_post(name, buffers, owned, layout, grouped, sync, op, signature)
+    return engine.submit_post(PostRequest(name, buffers, owned, layout, grouped, sync, op, signature))
 
 
 # ===== Horovod-style helpers: negotiated collectives (see hvd_partial.collectives) ============
@@ -350,7 +352,7 @@ def stats() -> dict:
         raise NotInitializedError("stats() before init()")
     engine = current.engine
     snapshot = engine.stats.snapshot()
-    return engine.observer.enrich(snapshot) if getattr(engine, "observer", None) is not None else snapshot
+    return engine.observer.enrich(snapshot) if engine.observer is not None else snapshot
 
 
 # ===== exit paths ======================================================================

@@ -3,8 +3,8 @@ and ``shutdown()``.
 
 ``init()`` creates a :class:`Session`; ``shutdown()`` drops it, so a later
 ``init()`` starts from nothing. Framework adapters keep their own per-run
-state here too (:meth:`Session.adapter_state`), never in module globals, so
-that it cannot outlive the run it belongs to.
+state here too (one typed field per adapter, see :class:`Session`), never in
+module globals, so that it cannot outlive the run it belongs to.
 
 Example::
 
@@ -12,16 +12,25 @@ Example::
 
     s = session.require()          # NotInitializedError before init()
     print(s.transport.rank, s.config.max_staleness)
+    results = session.wait(handle)  # what hvd_partial.synchronize does
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .config import Config
 from .errors import NotInitializedError
+
+if TYPE_CHECKING:  # annotations only: the engine's modules import this one
+    from .core.buffer_pool import BufferPool
+    from .core.fusion import Layout
+    from .core.messages import StreamSignature
+    from .engine.engine import Engine
+    from .engine.handle import Handle
+    from .transport.protocol import Transport
 
 
 @dataclass
@@ -29,25 +38,31 @@ class Session:
     """State of one ``init()`` ... ``shutdown()`` run of this process.
 
     - ``engine``: the background engine (its thread, streams and rounds).
-    - ``transport``: the MPI transport the engine runs on (rank, size, placement).
+    - ``transport``: the transport the engine runs on (rank, size, placement).
     - ``config``: the configuration in effect.
     - ``signatures``: per stream name, the settings of its first post on this
-      rank and the rank (a later post with other settings is refused locally).
+      rank, the rank, and what they were made of (a later post with other
+      settings is refused locally).
     - ``pack_pools``: per grouped stream, the buffers its fused posts are packed into.
     - ``layouts``: per stream name, the shapes and dtypes of its last post and
       their :class:`~hvd_partial.core.fusion.Layout` (reused while they match:
       a layout derives its buckets and offsets once).
-    - ``adapters``: state of the framework adapters, by adapter name.
+    - ``adapters``: state of other per-session users (the helper collectives'
+      names), by name, made on first use by :meth:`adapter_state`.
+    - then the framework adapters' state: one typed field per adapter.
     """
 
-    engine: Any
-    transport: Any
+    engine: Engine
+    transport: Transport
     config: Config
-    signatures: dict = field(default_factory=dict)
-    pack_pools: dict = field(default_factory=dict)
-    layouts: dict = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # guards the fields below
+    # -- the partial allreduce API's (hvd_partial.api)
+    signatures: dict[str, tuple[StreamSignature, int, tuple]] = field(default_factory=dict)
+    pack_pools: dict[str, BufferPool] = field(default_factory=dict)
+    layouts: dict[str, tuple[tuple, Layout]] = field(default_factory=dict)  # name -> (shapes and dtypes, layout)
+    # -- other users' state by name, made on first use (adapter_state): the helper collectives' names
     adapters: dict[str, Any] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    # -- framework adapters' state: one typed field per adapter, None until the adapter first runs
 
     def adapter_state(self, name: str, make: Callable[[], Any]) -> Any:
         """The state object of adapter ``name`` in this session, made by ``make()`` on first use."""
@@ -88,3 +103,14 @@ def require() -> Session:
         when = "after shutdown()" if _ended else "before init()"
         raise NotInitializedError(f"hvd_partial was called {when}; call hvd_partial.init() first")
     return s
+
+
+def wait(handle: Handle):
+    """Wait for ``handle`` on the running session's engine and return its value
+    (a handle that completed before ``shutdown()`` still gives its value after)."""
+    s = _current
+    if s is None:
+        if handle.done():
+            return handle.value()
+        raise NotInitializedError("synchronize() after shutdown() on a handle that never completed")
+    return s.engine.wait(handle)

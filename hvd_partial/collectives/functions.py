@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from .. import api, session
+from .. import session
 from ..engine.handle import Handle
 from ..errors import DuplicateNameError, UnsupportedInputError
 from ..modes import ReduceOp
@@ -103,7 +103,7 @@ def _one_reduction(array, op, prescale_factor, postscale_factor, what):
     the signature all ranks must agree on, and the function that makes the result."""
     pre, post = _factor(prescale_factor, "prescale_factor"), _factor(postscale_factor, "postscale_factor")
     send = _reduction_input(array, op, pre, what)
-    size, dtype = api.size(), array.dtype
+    size, dtype = session.require().transport.size, array.dtype
     signature = (("dtype", dtype.str), ("shape", tuple(array.shape)), ("op", op.value), ("wire_op", wire_op(op)),
                  ("prescale_factor", pre), ("postscale_factor", post), ("process_set", 0))
     return send, signature, lambda recv: finish_reduction(recv, op, size, post, dtype)
@@ -137,7 +137,7 @@ def allreduce(array, name: str | None = None, op: ReduceOp = Average, prescale_f
 
         mean_loss = hvd.allreduce(np.array([loss]), name="loss")[0]
     """
-    return api.synchronize(allreduce_async(array, name, op, prescale_factor, postscale_factor, process_set))
+    return session.wait(allreduce_async(array, name, op, prescale_factor, postscale_factor, process_set))
 
 
 def grouped_allreduce_async(arrays, name: str | None = None, op: ReduceOp = Average, prescale_factor: float = 1.0,
@@ -157,7 +157,7 @@ def grouped_allreduce_async(arrays, name: str | None = None, op: ReduceOp = Aver
     check_process_set(process_set, what)
     pre, post = _factor(prescale_factor, "prescale_factor"), _factor(postscale_factor, "postscale_factor")
     sends = [_reduction_input(a, op, pre, f"{what}[{i}]") for i, a in enumerate(arrays)]
-    size, dtypes = api.size(), [a.dtype for a in arrays]
+    size, dtypes = session.require().transport.size, [a.dtype for a in arrays]
     signature = (("arrays", tuple((tuple(a.shape), a.dtype.str) for a in arrays)), ("op", op.value),
                  ("wire_op", wire_op(op)), ("prescale_factor", pre), ("postscale_factor", post), ("process_set", 0))
     return _submit(kinds.GROUPED_ALLREDUCE, name, signature, None, sends,
@@ -172,7 +172,7 @@ def grouped_allreduce(arrays, name: str | None = None, op: ReduceOp = Average, p
 
         w, b = hvd.grouped_allreduce([w_grad, b_grad], op=hvd.Sum)
     """
-    return api.synchronize(grouped_allreduce_async(arrays, name, op, prescale_factor, postscale_factor, process_set))
+    return session.wait(grouped_allreduce_async(arrays, name, op, prescale_factor, postscale_factor, process_set))
 
 
 # ===== allgather, broadcast, alltoall, reducescatter ===========================================
@@ -202,7 +202,7 @@ def allgather(array, name: str | None = None, process_set=global_process_set) ->
 
         everyone = hvd.allgather(np.array([hvd.rank()]))  # [0, 1, ..., size-1]
     """
-    return api.synchronize(allgather_async(array, name, process_set))
+    return session.wait(allgather_async(array, name, process_set))
 
 
 def broadcast_async(array, root_rank: int, name: str | None = None, process_set=global_process_set) -> Handle:
@@ -218,7 +218,7 @@ def broadcast_async(array, root_rank: int, name: str | None = None, process_set=
     _check_root(root_rank, what)
     signature = (("dtype", array.dtype.str), ("shape", tuple(array.shape)), ("root", int(root_rank)),
                  ("process_set", 0))
-    arrays = [np.array(array, copy=True, order="C")] if api.rank() == root_rank else []
+    arrays = [np.array(array, copy=True, order="C")] if session.require().transport.rank == root_rank else []
     return _submit(kinds.BROADCAST, name, signature, None, arrays)
 
 
@@ -229,11 +229,11 @@ def broadcast(array, root_rank: int, name: str | None = None, process_set=global
 
         weights = hvd.broadcast(weights, root_rank=0)
     """
-    return api.synchronize(broadcast_async(array, root_rank, name, process_set))
+    return session.wait(broadcast_async(array, root_rank, name, process_set))
 
 
 def _check_root(root_rank, what: str) -> None:
-    size = api.size()
+    size = session.require().transport.size
     if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < size:
         raise ValueError(f"{what}: root_rank must be an int in [0, {size}), got {root_rank!r}")
 
@@ -252,7 +252,7 @@ def alltoall_async(array, splits=None, name: str | None = None, process_set=glob
     what = f"alltoall({name or ''})"
     array = np.ascontiguousarray(_array(array, what))
     check_process_set(process_set, what)
-    size = api.size()
+    size = session.require().transport.size
     if array.ndim == 0:
         raise UnsupportedInputError(f"{what}: needs an array of at least one dimension, got a scalar")
     if splits is None:
@@ -275,7 +275,7 @@ def alltoall(array, splits=None, name: str | None = None, process_set=global_pro
 
         out, counts = hvd.alltoall(np.arange(4), splits=[3, 1])
     """
-    return api.synchronize(alltoall_async(array, splits, name, process_set))
+    return session.wait(alltoall_async(array, splits, name, process_set))
 
 
 def reducescatter_async(array, name: str | None = None, op: ReduceOp = Average, process_set=global_process_set,
@@ -308,7 +308,7 @@ def reducescatter(array, name: str | None = None, op: ReduceOp = Average, proces
 
         mine = hvd.reducescatter(np.ones((4, 3)), op=hvd.Sum)
     """
-    return api.synchronize(reducescatter_async(array, name, op, process_set, prescale_factor, postscale_factor))
+    return session.wait(reducescatter_async(array, name, op, process_set, prescale_factor, postscale_factor))
 
 
 # ===== objects, barrier, join ================================================================
@@ -324,7 +324,7 @@ def broadcast_object_async(obj, root_rank: int = 0, name: str | None = None,
     what = f"broadcast_object({name or ''})"
     check_process_set(process_set, what)
     _check_root(root_rank, what)
-    root = api.rank() == root_rank
+    root = session.require().transport.rank == root_rank
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy() if root else None
     signature = (("dtype", "|u1"), ("object", True), ("root", int(root_rank)), ("process_set", 0))
 
@@ -342,7 +342,7 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None, process_s
 
         config = hvd.broadcast_object(config if hvd.rank() == 0 else None)
     """
-    return api.synchronize(broadcast_object_async(obj, root_rank, name, process_set))
+    return session.wait(broadcast_object_async(obj, root_rank, name, process_set))
 
 
 def allgather_object_async(obj, name: str | None = None, process_set=global_process_set) -> Handle:
@@ -375,7 +375,7 @@ def allgather_object(obj, name: str | None = None, process_set=global_process_se
 
         hosts = hvd.allgather_object(socket.gethostname())
     """
-    return api.synchronize(allgather_object_async(obj, name, process_set))
+    return session.wait(allgather_object_async(obj, name, process_set))
 
 
 def barrier_async(process_set=global_process_set) -> Handle:
@@ -391,7 +391,7 @@ def barrier(process_set=global_process_set) -> None:
 
         hvd.barrier()
     """
-    api.synchronize(barrier_async(process_set))
+    session.wait(barrier_async(process_set))
 
 
 def run_on_engine(function):
@@ -406,7 +406,7 @@ def run_on_engine(function):
     handle = Handle("run_on_engine")
     request = Request("", kinds.LOCAL, (), None, [], handle, finish=lambda _: function())
     engine.submit_helper(request)
-    return api.synchronize(handle)
+    return session.wait(handle)
 
 
 def join(device: int = -1) -> int:
@@ -424,4 +424,4 @@ def join(device: int = -1) -> int:
             train_step(batch)
         hvd.join()
     """
-    return api.synchronize(_submit(kinds.JOIN, None, (), None, []))
+    return session.wait(_submit(kinds.JOIN, None, (), None, []))

@@ -44,6 +44,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import EngineError, HvdPartialError, MismatchError, RankFailedError
+from ..transport.protocol import Transport
 from . import requests as kinds
 from .requests import Request, differences
 
@@ -73,7 +74,7 @@ class _Entry:
 class Negotiator:
     """Negotiated helper collectives of one engine (see the module docstring)."""
 
-    def __init__(self, transport, config, fail: Callable[[HvdPartialError], None] | None = None,
+    def __init__(self, transport: Transport, config, fail: Callable[[HvdPartialError], None] | None = None,
                  pending: set | None = None):
         self._transport = transport
         # The engine's set of handles that compute threads wait on: a finished
@@ -106,7 +107,7 @@ class Negotiator:
 
     def submit(self, request: Request) -> None:
         """Queue ``request`` (engine thread)."""
-        if getattr(self._transport, "helpers", None) is None:
+        if self._transport.helpers is None:
             self._finish_error(request, EngineError("this transport has no helper communicator"))
             return
         if request.kind == kinds.LOCAL:
@@ -145,13 +146,12 @@ class Negotiator:
     def progress(self) -> bool:
         """Move the negotiation and the collectives on; True if anything happened."""
         if self._channel is None:
-            helpers = getattr(self._transport, "helpers", None)
+            helpers = self._transport.helpers
             if helpers is None or self.size == 1 and not (self._new or self._leaving):
                 return False
             from ..transport.helper_channel import HelperChannel  # MPI only where the transport has it
 
-            self._channel = HelperChannel(helpers, getattr(self._transport, "doorbell", None),
-                                          getattr(self._transport, "tag_base", 0))
+            self._channel = HelperChannel(helpers, self._transport.doorbell, self._transport.tag_base)
         worked = self._complete_collectives()
         for cycle in self._channel.wakes():
             self._wanted = max(self._wanted, cycle)

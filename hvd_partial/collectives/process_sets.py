@@ -10,6 +10,7 @@ Example::
 
 from __future__ import annotations
 
+from .. import session
 from ..errors import NotSupportedError
 
 
@@ -21,19 +22,14 @@ class ProcessSet:
         self.process_set_id = 0 if ranks_or_comm is None else None
 
     def size(self) -> int:
-        from .. import api
-
-        return api.size() if self.ranks is None else len(self.ranks)
+        return session.require().transport.size if self.ranks is None else len(self.ranks)
 
     def rank(self) -> int:
-        from .. import api
-
-        return api.rank() if self.ranks is None else self.ranks.index(api.rank())
+        mine = session.require().transport.rank
+        return mine if self.ranks is None else self.ranks.index(mine)
 
     def included(self) -> bool:
-        from .. import api
-
-        return self.ranks is None or api.rank() in self.ranks
+        return self.ranks is None or session.require().transport.rank in self.ranks
 
     def __repr__(self) -> str:
         return "ProcessSet(global)" if self.ranks is None else f"ProcessSet(ranks={self.ranks})"

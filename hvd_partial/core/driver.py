@@ -13,7 +13,7 @@ reaches through reports and peer messages and which starts rounds through it.
 Example::
 
     driver = Driver(rank, size, host)  # host: send, stream_registered, launch, reduced, finished, refused, failed
-    driver.post("g", [buf], False, layout, False, False, Sum, signature, Waiter("post"))
+    driver.post(PostRequest("g", [buf], [False], layout, False, False, Sum, signature), Waiter("post"))
     driver.on_message(source, message)  # for every message from a peer
     driver.complete(stream, launch, reduced)  # for every reduction that finished
 """
@@ -25,6 +25,7 @@ from typing import Protocol
 from ..errors import MismatchError, StreamConflictError
 from .control import make_control
 from .messages import Closed, FlushBegun, Goodbye, Register, Registered, Rejected, Start
+from .post_request import PostRequest
 from .rank_stream import Launch, RankStream, Waiter
 from .round_result import RoundResult
 
@@ -55,10 +56,10 @@ class DriverHost(Protocol):
 
     def defer_activation(self, stream_id: int, round_number: int) -> None:
         """Only where the driver was made with ``defer_activations``: after the
-        activation delay, hand ``Driver.release_message(stream_id, round_number,
-        everyone_joined)`` to ``Driver.on_message`` from this rank, with
-        ``everyone_joined`` true if the host knows that every rank joined the
-        round (its facts' reduction completed)."""
+        activation delay, call ``Driver.release_flood(stream_id, round_number,
+        everyone_joined)`` while ``Driver.holds_flood(stream_id, round_number)``,
+        with ``everyone_joined`` true if the host knows that every rank joined
+        the round (its facts' reduction completed)."""
 
 
 class Driver:
@@ -88,19 +89,21 @@ class Driver:
 
     # -- this rank's calls ------------------------------------------------------------
 
-    def post(self, name, buffers, owned, layout, grouped, sync, op, signature, waiter: Waiter) -> None:
-        """Post ``buffers`` to stream ``name``; ``waiter`` is finished (or refused) later."""
+    def post(self, request: PostRequest, waiter: Waiter) -> None:
+        """Post ``request.buffers`` to stream ``request.name``; ``waiter`` is finished (or refused) later."""
+        name = request.name
         stream = self.streams.get(name)
         if stream is None:
-            stream = RankStream(self.rank, self.size, name, layout, sync, op, grouped=grouped)
+            stream = RankStream(self.rank, self.size, name, request.layout, request.sync, request.op,
+                                grouped=request.grouped)
             self.streams[name] = stream
-            self._held[name] = (buffers, owned, waiter)
-            self.control.report(Register(self.rank, name, signature))
+            self._held[name] = (request.buffers, request.owned, waiter)
+            self.control.report(Register(self.rank, name, request.signature))
             return
         if stream.id is None:
             raise StreamConflictError(
                 f"stream {name!r} is still registering on rank {self.rank}; synchronize its first post first")
-        self._after_post(stream, waiter, *stream.post(buffers, owned, waiter))
+        self._after_post(stream, waiter, *stream.post(request.buffers, request.owned, waiter))
 
     def flush(self, name: str, waiter: Waiter) -> None:
         stream = self.streams.get(name)
@@ -227,6 +230,15 @@ class Driver:
 
     def _defer_activation(self, sid: int, round_number: int) -> None:
         self.host.defer_activation(sid, round_number)
+
+    def holds_flood(self, sid: int, round_number: int) -> bool:
+        """Whether this rank still holds back the flood of that round (else its timer has nothing to do)."""
+        return self.control.holds_flood(sid, round_number)
+
+    def release_flood(self, sid: int, round_number: int, everyone_joined: bool = False) -> None:
+        """The host's timer: the activation delay of ``round_number`` of stream
+        ``sid`` passed, so its held-back flood goes out (dropped if ``everyone_joined``)."""
+        self.on_message(self.rank, self.control.release_message(sid, round_number, everyone_joined))
 
     def release_message(self, sid: int, round_number: int, everyone_joined: bool = False):
         """The message that ends the activation delay of ``round_number`` of

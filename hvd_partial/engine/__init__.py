@@ -1,6 +1,6 @@
-"""The background engine thread and its handles."""
+"""The background engine thread (:mod:`.engine`) and its handles (:mod:`.handle`).
 
-from .engine import Engine
-from .handle import Handle
-
-__all__ = ["Engine", "Handle"]
+Import them from their modules: this package imports nothing itself, so that
+the helper collectives, which the engine imports, can import its handles
+without an import cycle.
+"""

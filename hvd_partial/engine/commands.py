@@ -11,26 +11,19 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..core.fusion import Layout
-from ..core.messages import StreamSignature
-from ..modes import ReduceOp
+from ..core.post_request import PostRequest
 from .handle import Handle
 
 
-@dataclass
+@dataclass(slots=True)
 class PostCommand:
-    name: str
-    buffers: list
-    owned: bool
-    layout: Layout
-    grouped: bool
-    sync: bool
-    op: ReduceOp
-    signature: StreamSignature
+    """Post ``request`` (built once by the API, handed to the driver as it is)."""
+
+    request: PostRequest
     handle: Handle
 
     def describe(self) -> str:
-        return f"post {self.name!r}"
+        return f"post {self.request.name!r}"
 
 
 @dataclass

@@ -13,6 +13,7 @@ import logging
 from collections import deque
 from typing import Callable
 
+from ..transport.protocol import Transport
 from ..transport.tags import TAG_PROTOCOL
 
 log = logging.getLogger("hvd_partial.engine")
@@ -22,7 +23,7 @@ class Dispatch:
     """Routes messages by tag. ``handlers`` maps a tag to ``handler(source,
     message)``; ``heard(source)`` is told of every message from a peer."""
 
-    def __init__(self, transport, rank: int, driver, handlers: dict, heard: Callable[[int], None]):
+    def __init__(self, transport: Transport, rank: int, driver, handlers: dict, heard: Callable[[int], None]):
         self.transport = transport
         self.rank = rank
         self.driver = driver

@@ -3,13 +3,17 @@
 Compute threads submit commands (post, flush, helper collectives, shutdown)
 and wait on handles. The engine thread runs this rank's protocol
 :class:`~hvd_partial.core.driver.Driver` (the same one the loopback world and
-the simulator run) and is its host: it moves the driver's messages, starts
-and completes the reductions it launches, and wakes the calls it finishes.
+the simulator run) and hosts it: it moves the driver's messages, starts and
+completes the reductions it launches, and wakes the calls it finishes.
 
-Its parts, one job each: :mod:`.commands` (intake), :mod:`.dispatch`
-(messages by tag), :mod:`.reductions` (rounds in flight), the helper collectives'
-:class:`~hvd_partial.collectives.negotiator.Negotiator`, :mod:`.pacing` (the idle/wake policy) and
-:mod:`.liveness` (ring heartbeats and the failure flood).
+Its parts, one job each: :mod:`.commands` (intake), :mod:`.host` (where the
+driver's outputs go), :mod:`.dispatch` (messages by tag), :mod:`.reductions`
+(rounds in flight), :mod:`.held_floods` (the activation delay's timer),
+:mod:`.parking` (parked ranks and the takes that wait for them), the helper
+collectives' :class:`~hvd_partial.collectives.negotiator.Negotiator`,
+:mod:`.liveness` (ring heartbeats and the failure flood), :mod:`.pacing` (the
+idle/wake policy) and :mod:`.leaving` (shutdown). It reaches the network only
+through a :class:`~hvd_partial.transport.protocol.Transport`.
 """
 
 from __future__ import annotations
@@ -18,23 +22,27 @@ import logging
 import threading
 import time
 import weakref
-from collections import deque
 
 from ..collectives.negotiator import Negotiator
 from ..collectives.requests import LOCAL
 from ..config import Config
 from ..core.driver import Driver
-from ..core.rank_stream import Launch, RankStream, Waiter
-from ..core.round_result import RoundResult
+from ..core.post_request import PostRequest
+from ..core.rank_stream import Waiter
 from ..errors import EngineError, HvdPartialError, NotInitializedError, RankFailedError, TooManyStreamsError
 from ..observe.monitor import TAG_STATUS
+from ..transport.protocol import Transport
 from ..transport.tags import TAG_FAILURE, TAG_HEARTBEAT
 from .commands import (AbortCommand, CommandIntake, FlushCommand, HelperCommand, ParkCommand, PostCommand,
                        ShutdownCommand, TakeCommand)
 from .dispatch import Dispatch
 from .handle import Handle
+from .held_floods import HeldFloods
+from .host import EngineHost
+from .leaving import Leaving
 from .liveness import Liveness
 from .pacing import Pacing
+from .parking import Parking
 from .reductions import Reductions
 from .stats import StatsRecorder
 
@@ -48,14 +56,16 @@ class Engine:
 
         engine = Engine(MpiTransport(comm), config)
         engine.start()
-        handle = engine.submit_post(...)
+        handle = engine.submit_post(PostRequest(...))
     """
 
-    def __init__(self, transport, config: Config):
+    def __init__(self, transport: Transport, config: Config):
+        # -- who: this rank, its transport and configuration
         self.transport = transport
         self.config = config
         self.rank = transport.rank
         self.size = transport.size
+        # -- what users, adapters and the observer read
         self.stats = StatsRecorder(self.size)
         from ..observe import attach_observer  # stall inspector, report, timeline; None when all are off
 
@@ -63,43 +73,40 @@ class Engine:
         self.timeline = self.observer.timeline if self.observer is not None else None
         self.failure: HvdPartialError | None = None
         self.failed_at = 0.0  # time.monotonic() when failure was set
-        self._calls: set[Handle] = set()  # posts, flushes and helpers in progress
-        self._shutdown_handle: Handle | None = None
-        self._leaving_requested = False  # set by the compute thread in shutdown()
-        self._parked = 0  # compute threads waiting in a call that needs every rank (engine thread's count)
-        # When the driver parks this rank's streams: such a wait that ends sooner (every rank came at
-        # once) parks nothing, so it starts no round a designated rank would otherwise start there.
-        self._park_at: float | None = None
-        self._streams_parked = False
-        self._takes: list = []  # TakeCommands waiting for rounds joined parked to complete
-        # Called on the compute thread after it waited in such a call: adapters apply there the
-        # rounds completed meanwhile, before the rank computes again (docs/design.md, "Parked ranks").
+        # Called on the compute thread after it waited in a call that needs every rank: adapters apply
+        # there the rounds completed meanwhile, before the rank computes again (docs/design.md, "Parked ranks").
         self.unpark_listeners: list = []
-        self._sends_wait_since: float | None = None  # shutdown done but for unsent messages
-        self._stopped = threading.Event()
-        # The parts reach the engine only through a weak proxy: a reference
-        # cycle would keep every shut-down engine (with its buffers) alive
-        # until a full garbage collection, which rarely comes.
+        # -- the calls compute threads wait on: posts, flushes and helpers in progress
+        self._calls: set[Handle] = set()
+        # -- the parts, each built from those before it. They reach the engine only through
+        # a weak proxy: a reference cycle would keep every shut-down engine (with its
+        # buffers) alive until a full garbage collection, which rarely comes.
         me = weakref.proxy(self)
-        self._driver = Driver(self.rank, self.size, me, config.control_plane, config.activation_delay_us > 0,
-                              getattr(transport, "quorum_counters", None))
-        self._activation_delay = config.activation_delay_us / 1e6
-        self._held_floods: deque = deque()  # (deadline, stream id, round): floods (with a quorum, additions) held back, oldest first
-        self._bell = getattr(transport, "doorbell", None)
         self._intake = CommandIntake()
-        relays = config.control_plane == "decentral" or self._driver.control.coordinator is not None
-        self._pacing = Pacing(config, self._bell, self.size, relays,
-                              self._intake.queue, self._driver.control.awaiting_start)
-        self._intake.poke = self._pacing.poke
-        self._reductions = Reductions(transport, self.rank, config.reduce_poll_us, self._driver.complete)
-        # Negotiated helper collectives: submit(request), progress() each step, busy.
-        self._helpers = Negotiator(transport, config, fail=lambda err: me.fail(err, notify=False, local=True),
-                                   pending=self._calls)
+        self._host = EngineHost(me, self.stats, self._calls, lambda error: me.fail(error, notify=True, local=True))
+        self._driver = Driver(self.rank, self.size, weakref.proxy(self._host), config.control_plane,
+                              config.activation_delay_us > 0, transport.quorum_counters)
         self._liveness = Liveness(transport, self.rank, self.size, config)
         self._dispatch = Dispatch(transport, self.rank, self._driver, {
             TAG_FAILURE: lambda source, notice: me.fail(me._liveness.failure_notice(source, notice)),
             TAG_HEARTBEAT: lambda source, beat: None,
             TAG_STATUS: lambda source, status: me._on_status(source, status)}, self._liveness.heard)
+        self._reductions = Reductions(transport, self.rank, config.reduce_poll_us, self._driver.complete)
+        self._floods = HeldFloods(config.activation_delay_us / 1e6, self._driver.holds_flood,
+                                  self._driver.release_flood, self._reductions.everyone_joined)
+        self._host.connect(self._dispatch, self._reductions, self._floods)
+        self._parking = Parking(self._driver, config.activation_delay_us / 1e6, lambda: me.failure)
+        # Negotiated helper collectives: submit(request), progress() each step, busy.
+        self._helpers = Negotiator(transport, config, fail=lambda err: me.fail(err, notify=False, local=True),
+                                   pending=self._calls)
+        self._bell = transport.doorbell
+        relays = config.control_plane == "decentral" or self._driver.control.coordinator is not None
+        self._pacing = Pacing(config, self._bell, self.size, relays,
+                              self._intake.queue, self._driver.control.awaiting_start)
+        self._intake.poke = self._pacing.poke
+        self._leaving = Leaving(transport, self.rank, config.failure_timeout_seconds)
+        # -- the thread
+        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"hvd_partial-engine-{self.rank}", daemon=True)
 
     # ===== compute-thread side =====================================================
@@ -114,14 +121,14 @@ class Engine:
     def _submit(self, command, handle: Handle) -> Handle:
         if self.failure is not None:
             raise self.failure
-        if self._stopped.is_set() or self._leaving_requested:
+        if self._stopped.is_set() or self._leaving.requested:
             raise NotInitializedError("hvd_partial is shut down on this rank; call hvd_partial.init() first")
         self._intake.submit(command)
         return handle
 
-    def submit_post(self, name, buffers, owned, layout, grouped, sync, op, signature) -> Handle:
-        handle = Handle(name)
-        return self._submit(PostCommand(name, buffers, owned, layout, grouped, sync, op, signature, handle), handle)
+    def submit_post(self, request: PostRequest) -> Handle:
+        handle = Handle(request.name)
+        return self._submit(PostCommand(request, handle), handle)
 
     def submit_flush(self, name: str) -> Handle:
         handle = Handle(name, parks=True)
@@ -163,7 +170,7 @@ class Engine:
             return
         if self.failure is None:
             handle = Handle("shutdown")
-            self._leaving_requested = True
+            self._leaving.requested = True
             self._intake.submit(ShutdownCommand(handle))
             try:
                 self.wait(handle)
@@ -220,8 +227,8 @@ class Engine:
             self._liveness.notify(error)
         self._driver.fail(error)
         waiters = list(self._calls)
-        if self._shutdown_handle is not None:
-            waiters.append(self._shutdown_handle)
+        if self._leaving.handle is not None:
+            waiters.append(self._leaving.handle)
         for handle in waiters:
             handle.set_error(error)
         self._calls.clear()
@@ -238,10 +245,10 @@ class Engine:
                 if worked:
                     pacing.worked()
                 else:
-                    calls, held = self._calls, self._held_floods
-                    timer = held[0][0] if held else None
-                    if self._park_at is not None and (timer is None or self._park_at < timer):
-                        timer = self._park_at
+                    calls = self._calls
+                    timer, park_at = self._floods.deadline, self._parking.park_at
+                    if park_at is not None and (timer is None or park_at < timer):
+                        timer = park_at
                     pacing.rest(self._reductions, self._helpers.busy,
                                 min(h.posted_at for h in calls) if calls else None, timer)
         except TooManyStreamsError as exc:  # a limit the user can act on, not a crash
@@ -258,19 +265,21 @@ class Engine:
 
     def _step(self) -> bool:
         worked = False
-        commands = self._intake.queue
+        commands, handlers = self._intake.queue, _COMMANDS
         while commands:
-            self._handle_command(commands.popleft())
+            command = commands.popleft()
+            handlers[type(command)](self, command)
             worked = True
         worked |= self._dispatch.deliver(self._pacing.take_ring())
         worked |= self._reductions.progress()
-        if self._takes:
-            self._finish_takes()
-        held = self._held_floods
+        parking = self._parking
+        if parking.takes:
+            parking.finish_takes()
+        held = self._floods.held
         if held and held[0][0] <= time.perf_counter():  # the oldest held flood's delay passed
-            worked |= self._release_held_floods()
-        if self._park_at is not None and self._park_at <= time.perf_counter():
-            self._park_streams()
+            worked |= self._floods.release_due()
+        if parking.park_at is not None and parking.park_at <= time.perf_counter():
+            parking.park_streams()
             worked = True
         worked |= self._helpers.progress()
         self._pacing.unsent = self.transport.progress_sends()
@@ -289,174 +298,71 @@ class Engine:
             return True
         if not self._driver.left or self._reductions.in_flight or not self._helpers.finished:
             return False
-        if not self._last_sends_out():
+        if not self._leaving.last_sends_out():
             return False
-        if self._shutdown_handle is not None:
-            self._shutdown_handle.set_result(None)
-        return True
-
-    def _last_sends_out(self) -> bool:
-        """True once this rank's control messages have all left, or a peer
-        has had ``failure_timeout_seconds`` to take them.
-
-        The last ones (rank 0's ``Closed``, say) may still be queued in MPI
-        when the rest of the shutdown is done, and only MPI calls move them:
-        an engine that stopped here left its peers waiting for them.
-        """
-        outstanding = self.transport.progress_sends()
-        if outstanding == 0:
-            return True
-        now = time.monotonic()
-        if self._sends_wait_since is None:
-            self._sends_wait_since = now
-        waited = now - self._sends_wait_since
-        if waited < self.config.failure_timeout_seconds:
-            return False
-        log.warning("rank %d: %d control messages still unsent after %.1f s at shutdown; stopping without them",
-                    self.rank, outstanding, waited)
+        if self._leaving.handle is not None:
+            self._leaving.handle.set_result(None)
         return True
 
     # -- commands -------------------------------------------------------------------
 
-    def _handle_command(self, cmd) -> None:
-        if isinstance(cmd, AbortCommand):
-            self.fail(RankFailedError(self.rank, cmd.reason), notify=True, local=True)
-            cmd.handle.set_result(None)
-            return
-        if isinstance(cmd, ParkCommand):
-            self._park(cmd.delta)
-            return
-        if isinstance(cmd, TakeCommand):
-            self._takes.append(cmd)
-            self._finish_takes()
-            return
-        if self.observer is not None:
-            self.observer.on_call(cmd.handle, cmd.describe(), cmd.name if isinstance(cmd, PostCommand) else None)
-        if isinstance(cmd, ShutdownCommand):
-            self._shutdown_handle = cmd.handle
-            self._driver.leave()
-            self._helpers.shutdown()
-            return
-        handle = cmd.handle
-        self._calls.add(handle)
-        try:
-            _COMMANDS[type(cmd)](self, cmd)
-        except HvdPartialError as err:
-            self._calls.discard(handle)
-            handle.set_error(err)
+    # Posts, flushes and helpers are calls in progress until the driver or the
+    # negotiator finishes them; one they refuse at once fails its handle.
 
     def _post(self, cmd: PostCommand) -> None:
-        self._driver.post(cmd.name, cmd.buffers, cmd.owned, cmd.layout, cmd.grouped, cmd.sync, cmd.op,
-                          cmd.signature, Waiter("post", handle=cmd.handle))
+        request, handle = cmd.request, cmd.handle
+        self._begin_call(cmd, request.name)
+        try:
+            self._driver.post(request, Waiter("post", handle=handle))
+        except HvdPartialError as err:
+            self._refuse_call(handle, err)
 
     def _flush(self, cmd: FlushCommand) -> None:
-        self._driver.flush(cmd.name, Waiter("flush", handle=cmd.handle))
+        self._begin_call(cmd, None)
+        try:
+            self._driver.flush(cmd.name, Waiter("flush", handle=cmd.handle))
+        except HvdPartialError as err:
+            self._refuse_call(cmd.handle, err)
 
     def _helper(self, cmd: HelperCommand) -> None:
-        self._helpers.submit(cmd.request)
+        self._begin_call(cmd, None)
+        try:
+            self._helpers.submit(cmd.request)
+        except HvdPartialError as err:
+            self._refuse_call(cmd.handle, err)
 
-    def _finish_takes(self) -> None:
-        waiting = []
-        for cmd in self._takes:
-            if self.failure is not None:
-                cmd.handle.set_error(self.failure)
-                continue
-            results = self._driver.take(cmd.name)
-            if results is None:
-                waiting.append(cmd)
-            else:
-                cmd.handle.set_result(results)
-        self._takes = waiting
+    def _begin_call(self, cmd, stream: str | None) -> None:
+        if self.observer is not None:
+            self.observer.on_call(cmd.handle, cmd.describe(), stream)
+        self._calls.add(cmd.handle)
 
-    def _park(self, delta: int) -> None:
-        """A compute thread begins or ends waiting in a call that needs every
-        rank. Its streams are parked once the wait has lasted the activation
-        delay (at once without one)."""
-        before = self._parked
-        self._parked += delta
-        if before == 0 and self._parked > 0:
-            self._park_at = time.perf_counter() + self._activation_delay
-            if self._activation_delay <= 0:
-                self._park_streams()
-        elif before > 0 and self._parked == 0:
-            self._park_at = None
-            if self._streams_parked:
-                self._streams_parked = False
-                if self.failure is None:
-                    self._driver.unpark()
+    def _refuse_call(self, handle: Handle, error: HvdPartialError) -> None:
+        self._calls.discard(handle)
+        handle.set_error(error)
 
-    def _park_streams(self) -> None:
-        self._park_at = None
-        if self.failure is None and not self._streams_parked:
-            self._streams_parked = True
-            self._driver.park()
+    def _take(self, cmd: TakeCommand) -> None:
+        self._parking.add_take(cmd)
+
+    def _park(self, cmd: ParkCommand) -> None:
+        self._parking.change(cmd.delta)
+
+    def _shut_down(self, cmd: ShutdownCommand) -> None:
+        if self.observer is not None:
+            self.observer.on_call(cmd.handle, cmd.describe(), None)
+        self._leaving.handle = cmd.handle
+        self._driver.leave()
+        self._helpers.shutdown()
+
+    def _abort(self, cmd: AbortCommand) -> None:
+        self.fail(RankFailedError(self.rank, cmd.reason), notify=True, local=True)
+        cmd.handle.set_result(None)
 
     def _on_status(self, source: int, status) -> None:
         if self.observer is not None:
             self.observer.on_status(source, status)
 
-    # -- the protocol driver's host -------------------------------------------------------
 
-    def send(self, dest: int, message) -> None:
-        self._dispatch.send(dest, message)
-
-    def stream_registered(self, stream: RankStream) -> None:
-        self._reductions.add_stream(stream)
-
-    def defer_activation(self, stream_id: int, round_number: int) -> None:
-        # This rank's reduction of the round is in flight meanwhile, so the engine looks again
-        # within Pacing's focus interval.
-        self._held_floods.append((time.perf_counter() + self._activation_delay, stream_id, round_number))
-
-    def _release_held_floods(self) -> bool:
-        held = self._held_floods
-        control = self._driver.control
-        now = time.perf_counter()
-        released = False
-        while held:
-            deadline, sid, round_number = held[0]
-            if not control.holds_flood(sid, round_number):
-                held.popleft()  # dropped already (the round completed): nothing to time
-                continue
-            if deadline > now:
-                break
-            held.popleft()
-            joined = self._reductions.everyone_joined(sid, round_number)
-            self._driver.on_message(self.rank, self._driver.release_message(sid, round_number, joined))
-            released = True
-        return released
-
-    def launch(self, stream: RankStream, launch: Launch) -> None:
-        if launch.facts is not None:
-            self.stats.round_started(stream.name, launch.facts.lag)
-        if self.timeline is not None:
-            self.timeline.launched(stream.name, launch)
-        self._reductions.launch(stream, launch)
-
-    def reduced(self, stream: RankStream, launch: Launch, result: RoundResult) -> None:
-        # (decentralized plane: the lags travel in the round's facts)
-        self.stats.round_completed(stream.name, result, stream.last_known_taken())
-        if self.timeline is not None:
-            self.timeline.reduced(stream.name, launch, result)
-
-    def finished(self, stream: RankStream, waiter: Waiter) -> None:
-        handle = waiter.handle
-        if handle is None:  # a flush of shutdown's own
-            return
-        self._calls.discard(handle)
-        handle.set_result(waiter.results)
-        if self.observer is not None:
-            self.observer.on_finish(stream.name, waiter)
-        if waiter.kind == "post":
-            self.stats.post_finished(stream.name, handle.wait_seconds or 0.0)
-
-    def refused(self, waiter: Waiter, error: Exception) -> None:
-        if waiter.handle is not None:
-            self._calls.discard(waiter.handle)
-            waiter.handle.set_error(error)
-
-    def failed(self, error: Exception) -> None:
-        self.fail(error, notify=True, local=True)
-
-
-_COMMANDS = {PostCommand: Engine._post, FlushCommand: Engine._flush, HelperCommand: Engine._helper}
+# Each command's handler, by its type (the engine thread takes every queued command through it).
+_COMMANDS = {PostCommand: Engine._post, FlushCommand: Engine._flush, HelperCommand: Engine._helper,
+             TakeCommand: Engine._take, ParkCommand: Engine._park, ShutdownCommand: Engine._shut_down,
+             AbortCommand: Engine._abort}

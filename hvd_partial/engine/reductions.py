@@ -17,6 +17,7 @@ from typing import Any, Callable
 from ..core.buffer_pool import BufferPool
 from ..core.rank_stream import Launch, RankStream
 from ..errors import TooManyStreamsError
+from ..transport.protocol import Transport
 
 # How long a reduction is tested continuously before the tests space out
 # (reduce_poll_us); see Reductions.poll.
@@ -44,7 +45,7 @@ class Reductions:
     launch order per stream (``reduced`` is None for a round nobody sent to).
     """
 
-    def __init__(self, transport, rank: int, reduce_poll_us: float,
+    def __init__(self, transport: Transport, rank: int, reduce_poll_us: float,
                  complete: Callable[[RankStream, Launch, Any], None]):
         self.transport = transport
         self.rank = rank

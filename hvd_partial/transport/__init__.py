@@ -1,1 +1,1 @@
-"""Transports: MPI for real runs, an in-process loopback for tests."""
+"""Transports: the engine's seam (:mod:`.protocol`), MPI for real runs (:mod:`.mpi`)."""

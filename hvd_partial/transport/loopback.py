@@ -32,6 +32,7 @@ from ..core.decentral.quorum import SharedQuorumCounters
 from ..core.driver import Driver
 from ..core.fusion import Layout
 from ..core.messages import StreamSignature
+from ..core.post_request import PostRequest
 from ..core.rank_stream import Launch, RankStream, Waiter
 from ..core.round_result import RoundResult
 from ..errors import RankFailedError
@@ -169,8 +170,8 @@ class LoopbackWorld:
         buffers, owned = self.layout.pack(arrays)
         waiter = rank.waiter = Waiter("post")
         try:
-            rank.driver.post(name, buffers, owned, self.layout, False, self.mode.kind == "sync", self.op,
-                             self.signature, waiter)
+            rank.driver.post(PostRequest(name, buffers, owned, self.layout, False, self.mode.kind == "sync", self.op,
+                                         self.signature), waiter)
         except Exception:
             rank.waiter = None
             raise

@@ -101,7 +101,8 @@ def _agree_on_session(comm) -> int:
 
 
 class MpiTransport:
-    """Point-to-point control messages and nonblocking collectives over MPI."""
+    """Point-to-point control messages and nonblocking collectives over MPI: the
+    engine's :class:`~hvd_partial.transport.protocol.Transport`."""
 
     def __init__(self, comm=None, doorbell: bool = True, quorum_counters: bool = False):
         comm = MPI.COMM_WORLD if comm is None else comm
