@@ -21,7 +21,7 @@ import numpy as np
 _POOL_ONLY_REFS = 3
 
 # From this size on a buffer gets pages of its own instead of coming from malloc;
-# a smaller mapping holds no huge page (docs/engine-performance.md has the figures).
+# a smaller mapping holds no huge page (docs/history/engine-performance.md has the figures).
 MAPPED_MIN_BYTES = 4 << 20
 
 
@@ -32,7 +32,7 @@ def allocate(n: int, dtype, zero: bool = False) -> np.ndarray:
     with huge pages asked for as numpy does) rather than taken from malloc,
     where the engine thread's buffers shared an arena with MPI's temporary
     buffers and memory kept going back to the kernel and faulting in again
-    (the measurements are in docs/engine-performance.md).
+    (the measurements are in docs/history/engine-performance.md).
 
     Example::
 

@@ -4,7 +4,7 @@ that found no work, and how compute threads and peers wake it.
 It never blocks in MPI; it polls with a back-off, so the training threads
 keep their CPU. A sleeping engine is woken by a compute thread's poke (its
 doorbell where the transport has one, else a lock) or a peer's ring. The
-measurements behind these choices are in docs/engine-performance.md.
+measurements behind these choices are in docs/history/engine-performance.md.
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ class Reductions:
         ``reduce_poll_us`` set, a reduction in flight for over a millisecond
         is tested that often instead, sleeping in between, which leaves the
         CPU to ranks that compute meanwhile (off by default: it slows mid-size
-        rounds; see docs/engine-performance.md).
+        rounds; see docs/history/engine-performance.md).
         """
         entries = [q[0] for q in self._rounds.values() if q and q[0].requests is not None]
         if not entries:

@@ -1,6 +1,6 @@
 """The MPI benchmarks that write no result files run briefly, so that a
 change of the protocol's behaviour cannot leave one failing unseen (the
-figures themselves come from full runs, docs/results.md)."""
+figures themselves come from full runs, docs/history/results.md)."""
 
 import re
 

@@ -60,3 +60,11 @@ def test_dockerfile_installs_with_the_tested_command_from_the_copied_repo(docker
     for extra in installs[1:]:
         assert any(w.startswith("tensorflow[and-cuda]") for w in extra), extra
         assert "untested" in text
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_the_build_context_leaves_out_virtualenvs_and_git(dockerfile):
+    # BuildKit reads <Dockerfile>.dockerignore beside the Dockerfile; the build context is the root.
+    ignore = (ROOT / f"{dockerfile}.dockerignore").read_text().split()
+    for pattern in (".git", ".venv", "venv", "*.egg-info", "**/__pycache__", "build", "dist"):
+        assert pattern in ignore, pattern

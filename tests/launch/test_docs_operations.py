@@ -1,5 +1,6 @@
 """docs/operations.md lists every configuration field, its variable and the
-Horovod variables honoured, so the table cannot fall behind the code."""
+Horovod variables honoured, so the table cannot fall behind the code; it is the
+one table of the fields (the README links to it)."""
 
 from dataclasses import fields
 
@@ -10,6 +11,7 @@ from hvd_partial.config_env import HOROVOD_VARIABLES
 from hvd_partial.launch.cli import build_parser
 
 DOC = (ROOT / "docs" / "operations.md").read_text()
+README = (ROOT / "README.md").read_text()
 
 
 def _table_rows():
@@ -25,6 +27,24 @@ def test_every_field_has_a_row_with_its_variable_and_default():
         default = {"": "''", True: "true", False: "false"}.get(f.default, str(f.default)) \
             if not isinstance(f.default, (int, float)) or isinstance(f.default, bool) else f"{f.default}"
         assert default in row, (f.name, default, row)
+
+
+def test_every_row_of_the_table_is_a_field():
+    names = {f.name for f in fields(Config)}
+    for row in _table_rows():
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if len(cells) > 1 and cells[1].startswith(f"`{ENV_PREFIX}"):
+            name = cells[0].strip("`")
+            assert name in names, f"docs/operations.md documents {name}, which Config does not have"
+            assert cells[1] == f"`{ENV_PREFIX}{name.upper()}`", row
+
+
+def test_the_readme_keeps_no_second_table_of_the_fields():
+    names = {f.name for f in fields(Config)}
+    copied = [line for line in README.splitlines()
+              if line.startswith("| `") and line[3:].split("`", 1)[0] in names]
+    assert not copied, copied
+    assert "docs/operations.md" in README
 
 
 def test_every_horovod_variable_and_launcher_flag_is_documented():
