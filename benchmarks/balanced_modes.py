@@ -56,9 +56,9 @@ def make_mode(name: str):
 def stream_counts() -> dict:
     """This rank's held, dropped, early-joined and flush-joined rounds per decentralized stream."""
     control = session.current().engine._driver.control
-    return {machine.name: (machine.floods_held, machine.floods_dropped, machine.joined_early,
+    return {machine.name: (machine.stats.floods_held, machine.stats.floods_dropped, machine.stats.joined_early,
                            getattr(machine, "joined_at_flush", 0), machine.completed,
-                           machine.quorum_additions, machine.quorum_notices)
+                           machine.stats.quorum_additions, machine.stats.quorum_notices)
             for machine in getattr(control, "streams", {}).values()}
 
 

@@ -25,8 +25,8 @@ script
 3. **projects** throughput to 16, 64, 256 and 1024 ranks under the paper's
    delay pattern (one random rank per step, and P/32 ranks per step: about 2
    of 64 as in the paper) and balanced load, with the control plane of
-   ``--control-plane`` (central: rank 0's coordinator, the default;
-   decentral; or both);
+   ``--control-plane`` (decentral, the default; central: the simulator's reference coordinator;
+   or both);
 4. with ``--planes``, compares the two **control planes** side by side (the
    issue's targets): solo over sync at 256, 1,024 and 4,096 ranks with one
    slow rank per step, balanced solo over sync and P/32 slow ranks per step
@@ -355,14 +355,14 @@ def delay_for(plane: str, delay_us: float) -> float:
     return delay_us / 1e6 if plane == "decentral" else 0.0
 
 
-def simulate_row(row: dict, net: NetworkModel, plane: str = "central", delay_us: float = 0.0):
+def simulate_row(row: dict, net: NetworkModel, plane: str = "decentral", delay_us: float = 0.0):
     p = row["P"]
     return simulate(p, mode_for(row["mode"], p, row["seed"]), row["tau"], row["steps"], compute_for(row["schedule"], p),
                     net, nbytes=row["nbytes"], deadline_s=row.get("deadline_s"), control_plane=plane,
                     activation_delay_s=delay_for(plane, delay_us))
 
 
-def validate(rows: list[dict], calibration: dict, plane: str = "central", delay_us: float = 0.0) -> list[dict]:
+def validate(rows: list[dict], calibration: dict, plane: str = "decentral", delay_us: float = 0.0) -> list[dict]:
     """Simulate every measured case of experiment 1 under control plane ``plane`` (the one the real runs used)."""
     out = []
     for row in rows:
@@ -428,7 +428,7 @@ def projection_cases(args) -> list[dict]:
     return cases
 
 
-def project(args, net: NetworkModel, plane: str = "central") -> list[dict]:
+def project(args, net: NetworkModel, plane: str = "decentral") -> list[dict]:
     out = []
     step_s, delay_s = args.step_ms / 1000, args.delay_ms / 1000
     for case in projection_cases(args):
@@ -694,7 +694,7 @@ def main(argv=None):
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--out", default="paper_scale")
     parser.add_argument("--replot", action="store_true", help="only redraw the plots from results/<out>.json")
-    parser.add_argument("--control-plane", choices=("central", "decentral", "both"), default="central",
+    parser.add_argument("--control-plane", choices=("central", "decentral", "both"), default="decentral",
                         help="the control plane of the projection (3)")
     parser.add_argument("--planes", action="store_true", help="also compare the control planes side by side (4)")
     parser.add_argument("--planes-only", action="store_true",

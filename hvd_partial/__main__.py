@@ -111,7 +111,7 @@ def launcher_info(environ=None) -> dict:
 
 def config_info() -> dict:
     from .config import load_config
-    from .config_env import config_sources
+    from .config import config_sources
 
     cfg = load_config()
     sources = config_sources(os.environ)

@@ -78,7 +78,7 @@ def init(comm=None, **config) -> None:
         from .launch.horovod import shared_comm
 
         transport = MpiTransport(shared_comm(comm), doorbell=cfg.doorbell,  # Horovod's communicator when Horovod runs
-                                 quorum_counters=cfg.control_plane == "decentral")
+                                 quorum_counters=True)
         transport.barrier()  # every engine starts its liveness clock together
         engine = Engine(transport, cfg)
         engine.start()

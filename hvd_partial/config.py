@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from .config_env import HOROVOD_VARIABLES, check_extra_fields, horovod_values
+from .config_retired import refuse_retired
 from .errors import ConfigError
 
 ENV_PREFIX = "HVD_PARTIAL_"
@@ -84,11 +86,7 @@ class Config:
     stall_shutdown_seconds: float = 0.0
     #: Rank 0 logs the slow-rank report at INFO this often; 0 = never.
     report_seconds: float = 60.0
-    #: Who starts the rounds of solo and majority streams: ``decentral`` (the
-    #: ranks themselves, O(log P) control messages per rank per round) or
-    #: ``central`` (rank 0 decides every round; the earlier design).
-    control_plane: str = "decentral"
-    #: Under the ``decentral`` plane, a solo or majority round that this
+    #: A solo or majority round that this
     #: rank's post starts in balanced training
     #: (every rank contributed to the last round, or it was a flush round)
     #: waits this long, in microseconds, before this rank sends its
@@ -111,12 +109,8 @@ class Config:
             raise ConfigError(f"abort_grace_seconds must be >= 0, got {self.abort_grace_seconds}")
         if self.fusion_threshold_bytes <= 0:
             raise ConfigError(f"fusion_threshold_bytes must be > 0, got {self.fusion_threshold_bytes}")
-        if self.control_plane not in ("central", "decentral"):
-            raise ConfigError(f"control_plane must be 'central' or 'decentral', got {self.control_plane!r}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {self.log_level!r}")
-        from .config_env import check_extra_fields
-
         check_extra_fields(self)
 
     def replace(self, **changes: Any) -> "Config":
@@ -157,19 +151,35 @@ def load_config(overrides: Mapping[str, Any] | None = None, environ: Mapping[str
     environ = os.environ if environ is None else environ
     overrides = dict(overrides or {})
     known = {f.name: f for f in fields(Config)}
-    from .config_env import horovod_values
-
     values: dict[str, Any] = horovod_values(environ, known, _parse)  # HVD_PARTIAL_* wins over them
     for key, text in environ.items():
         if not key.startswith(ENV_PREFIX):
             continue
         name = key[len(ENV_PREFIX):].lower()
+        refuse_retired(name, key)
         if name not in known:
             raise ConfigError(f"unknown environment variable {key}: known fields are "
                               + ", ".join(ENV_PREFIX + n.upper() for n in known))
         values[name] = _parse(known[name].type, text, key)
     for name, value in overrides.items():
+        refuse_retired(name, f"{name}=")
         if name not in known:
             raise ConfigError(f"unknown configuration field {name!r}: known fields are {', '.join(known)}")
         values[name] = value
     return Config(**values)
+
+
+def config_sources(environ: Mapping[str, str], overrides: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """Where each field's value comes from: ``default``, a variable name or ``argument``."""
+    out = {f.name: "default" for f in fields(Config)}
+    for variable, (field_name, _, _) in HOROVOD_VARIABLES.items():
+        if variable in environ:
+            out[field_name] = variable
+            if variable == "HOROVOD_STALL_CHECK_DISABLE":
+                out["stall_shutdown_seconds"] = variable
+    for name in out:
+        if ENV_PREFIX + name.upper() in environ:
+            out[name] = ENV_PREFIX + name.upper()
+    for name in overrides or {}:
+        out[name] = "argument"
+    return out

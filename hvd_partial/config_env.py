@@ -56,7 +56,8 @@ def horovod_values(environ: Mapping[str, str], known: Mapping[str, Any],
     """Config values from the Horovod variables in ``environ``.
 
     ``known`` maps field names to dataclass fields and ``parse(type, text,
-    variable)`` converts text (both from :mod:`hvd_partial.config`). A malformed
+    variable)`` converts text (both from :mod:`hvd_partial.config`, which
+    imports this module; this module imports nothing of it). A malformed
     value raises :class:`ConfigError` naming the variable.
     """
     values: dict[str, Any] = {}
@@ -111,23 +112,3 @@ def check_extra_fields(cfg) -> None:
     if cfg.stall_shutdown_seconds and cfg.stall_warning_seconds \
             and cfg.stall_shutdown_seconds < cfg.stall_warning_seconds:
         bad("stall_shutdown_seconds", f"must be 0 or >= stall_warning_seconds ({cfg.stall_warning_seconds:g})")
-
-
-def config_sources(environ: Mapping[str, str], overrides: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """Where each field's value comes from: ``default``, a variable name or ``argument``."""
-    from dataclasses import fields
-
-    from .config import ENV_PREFIX, Config
-
-    out = {f.name: "default" for f in fields(Config)}
-    for variable, (field_name, _, _) in HOROVOD_VARIABLES.items():
-        if variable in environ:
-            out[field_name] = variable
-            if variable == "HOROVOD_STALL_CHECK_DISABLE":
-                out["stall_shutdown_seconds"] = variable
-    for name in out:
-        if ENV_PREFIX + name.upper() in environ:
-            out[name] = ENV_PREFIX + name.upper()
-    for name in overrides or {}:
-        out[name] = "argument"
-    return out

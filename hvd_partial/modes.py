@@ -1,8 +1,9 @@
 """Reduction modes and ops.
 
-A mode decides when a round of a stream starts: the control policy asks it
-(:meth:`Mode.choose_initiator`) with the facts of the round it may start.
-Adding a mode touches only this module.
+A mode names its kind, staleness bound and (majority) quorum and seed; the
+decentralized stream (:mod:`hvd_partial.core.decentral`) runs the rule of
+each kind, and the simulator's reference coordinator asks
+:meth:`Mode.choose_initiator`.
 
 Example::
 

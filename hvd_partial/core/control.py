@@ -1,121 +1,79 @@
-"""Control policies: who decides when the rounds of solo and majority streams
-start, and how the ranks agree on registration, sync flushes and shutdown.
-A :class:`~hvd_partial.core.driver.Driver` reports its rank's events to its
-policy and hands it the peer messages the driver itself does not handle.
+"""The control policy: who decides when the rounds of solo and majority
+streams start, and how the ranks agree on registration, sync flushes and
+shutdown. A :class:`~hvd_partial.core.driver.Driver` reports its rank's events
+to its policy (:class:`ControlPolicy`) and hands it the peer messages the
+driver itself does not handle.
 
-- :class:`DecentralControl` (the default): every rank runs each solo or
-  majority stream's :class:`~hvd_partial.core.decentral.stream.DecentralStream`
-  and starts rounds itself; agreements go up a tree to rank 0 and are flooded
-  back (:mod:`hvd_partial.core.decentral.agreement`). O(log P) control
-  messages per rank per round; docs/control-plane.md.
-- :class:`CentralControl`: rank 0's :class:`~hvd_partial.core.coordinator.Coordinator`
-  decides everything; every other rank reports to it.
-
-A policy's methods: ``report(message)`` (this rank's Register, Flush or
-Goodbye), ``posted(stream, seq, computed_for, taken, waiting)`` (this rank's
-post, as in :class:`~hvd_partial.core.messages.Post`), ``on_message(source,
-message)`` (a peer message the driver does not handle itself),
-``registered(stream)``, ``round_completed(stream, launch, result)``,
-``shutdown_ready()``, ``fail(error)``, ``decides_completion(stream)``
-(whether a completion feeds a decision at this rank, for the simulator's
-cost model) and ``awaiting_start(stream_id, round)`` (whether this rank
-joined that round before hearing that it started: its reduction cannot
-finish before then, so the host may nap). It acts by ``send(dest, message)``
-(its decisions for its own rank are messages to itself) and, for the
-decentralized policy, ``start(stream_id, round, facts)``.
+The product's policy is :class:`DecentralControl`: every rank runs each solo
+or majority stream's :class:`~hvd_partial.core.decentral.stream.DecentralStream`
+and starts rounds itself; agreements go up a tree to rank 0 and are flooded
+back (:mod:`hvd_partial.core.decentral.agreement`). O(log P) control messages
+per rank per round; docs/control-plane.md.
 
 Example::
 
-    control = make_control("decentral", rank=0, size=4, send=..., start=...)
+    control = DecentralControl(rank=0, size=4, send=..., start=...)
     control.report(Register(0, "g", signature))  # joins the registration gather
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from ..errors import ConfigError, EngineError
 from ..modes import mode_from_description
-from .coordinator import Coordinator
 from .decentral.agreement import Agreements
 from .decentral.messages import Defer, Join, ReleaseActivation, Send
 from .decentral.stream import DecentralStream
-from .messages import Flush, Goodbye, Post, Register
-
-COORDINATOR_RANK = 0
-# The coordinator's method for each report (looked up on the instance, so that a profiler can wrap it).
-_REPORTS = {Register: "on_register", Post: "on_post", Flush: "on_flush", Goodbye: "on_goodbye"}
+from .messages import Flush, Goodbye, Register
 
 
-class CentralControl:
-    """Rank 0 decides every round with the :class:`Coordinator`; every other
-    rank reports to it, and it sends each decision to every rank (itself too),
-    in the same order to all."""
-
-    def __init__(self, rank: int, size: int, send: Callable[[int, object], None]):
-        self.rank = rank
-        self.size = size
-        self._send = send
-        self.coordinator = Coordinator(size) if rank == COORDINATOR_RANK else None
+class ControlPolicy(Protocol):
+    """What a driver asks of its control policy. The policy acts through the
+    callables it was made with: ``send(dest, message)`` (its decisions for its
+    own rank are messages to itself), ``start(stream_id, round, facts)`` and,
+    where the host holds floods back, ``defer(stream_id, round)``."""
 
     def report(self, message) -> None:
-        """This rank's own event (a registration, flush or goodbye)."""
-        self._send(COORDINATOR_RANK, message)
+        """This rank's own Register, Flush or Goodbye."""
 
     def posted(self, stream, seq: int, computed_for: int, taken: int, waiting: bool) -> None:
-        """This rank posted to ``stream`` (registered)."""
-        self._send(COORDINATOR_RANK, Post(self.rank, stream.id, seq, computed_for, taken, waiting))
+        """This rank posted to the registered ``stream``."""
 
     def on_message(self, source: int, message) -> None:
-        """A peer's report reached this rank."""
-        handler = _REPORTS.get(type(message))
-        if handler is None or self.coordinator is None:
-            raise EngineError(f"rank {self.rank}: unexpected control message from rank {source}: {message!r}")
-        self._broadcast(getattr(self.coordinator, handler)(message))
-
-    def decides_completion(self, stream) -> bool:
-        """Whether this rank's completion of a round of ``stream`` feeds a decision."""
-        return self.coordinator is not None and not stream.sync
-
-    def awaiting_start(self, sid: int, round_number: int) -> bool:
-        """Whether this rank joined ``round_number`` of stream ``sid`` before
-        hearing that it started (never: rank 0 starts every round)."""
-        return False
+        """A peer message the driver does not handle itself."""
 
     def registered(self, stream) -> None:
         """``stream`` got its id here and holds this rank's first post."""
 
-    def fail(self, error: Exception) -> None:
-        """This rank failed: decide nothing more."""
-
-    def shutdown_ready(self) -> None:
-        """This rank's shutdown is done but for knowing that every rank's is."""
-
-    def park(self) -> None:
-        """This rank waits in a call that needs every rank (the coordinator does not track it)."""
-
-    def unpark(self) -> None:
-        """The call that parked this rank returned."""
+    def round_completed(self, stream, launch, result=None) -> None:
+        """This rank completed ``launch`` of ``stream``."""
 
     def take(self, stream) -> None:
         """The rank stream took its completed rounds outside a post."""
 
     def take_ready(self, stream) -> bool:
-        return True
+        """Whether every round this rank joined parked on ``stream`` has completed here."""
 
-    def round_completed(self, stream, launch, result=None) -> None:
-        """This rank completed ``launch`` of ``stream``."""
-        if self.coordinator is None or stream.sync or launch.facts is None or launch.facts.round is None:
-            return
-        self._broadcast(self.coordinator.on_round_complete(stream.id, launch.round, stream.last_included))
+    def park(self) -> None:
+        """This rank waits in a call that needs every rank."""
 
-    def _broadcast(self, messages) -> None:
-        send = self._send
-        for message in messages:
-            for dest in range(self.size):
-                send(dest, message)
+    def unpark(self) -> None:
+        """The call that parked this rank returned."""
 
+    def shutdown_ready(self) -> None:
+        """This rank's shutdown is done but for knowing that every rank's is."""
+
+    def fail(self, error: Exception) -> None:
+        """This rank failed: decide nothing more."""
+
+    def decides_completion(self, stream) -> bool:
+        """Whether a completion of ``stream`` feeds a decision at this rank (the simulator's cost model)."""
+
+    def awaiting_start(self, stream_id: int, round_number: int) -> bool:
+        """Whether this rank joined that round before hearing that it started
+        (its reduction cannot finish before then, so the host may nap)."""
 
 @dataclass(frozen=True, slots=True)
 class StreamMessage:
@@ -155,13 +113,11 @@ class DecentralControl:
         self._quorum_streams = 0
         # Outcomes for this rank's driver travel as messages to itself.
         self.agreements = Agreements(rank, size, send, lambda decision: send(rank, decision))
-        self.coordinator = None
         self.streams: dict[int, DecentralStream] = {}
         self._signatures: dict[str, object] = {}
 
     def posted(self, stream, seq: int, computed_for: int, taken: int, waiting: bool) -> None:
-        # The stream's DecentralStream counts posts and staleness itself; the
-        # arguments are the central plane's Post.
+        # The stream's DecentralStream counts posts and staleness itself.
         machine = self.streams.get(stream.id)
         if machine is None:
             raise EngineError(f"rank {self.rank}: a post to {stream.name!r}, which has no decentralized rounds")
@@ -275,15 +231,3 @@ class DecentralControl:
                 self._start(sid, action.round, action.facts)
             elif kind is Defer:
                 self._defer(sid, action.round)
-
-
-def make_control(kind: str, rank: int, size: int, send, start, defer=None, quorum_counters=None):
-    """The control policy named ``kind``: ``"central"`` or ``"decentral"``
-    (``defer``: the host's timer for held-back floods, or None;
-    ``quorum_counters``: the host's quorum counters by stream, see
-    :class:`DecentralControl`)."""
-    if kind == "central":
-        return CentralControl(rank, size, send)
-    if kind == "decentral":
-        return DecentralControl(rank, size, send, start, defer, quorum_counters)
-    raise ConfigError(f"control_plane must be 'central' or 'decentral', got {kind!r}")

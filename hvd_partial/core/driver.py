@@ -6,8 +6,8 @@ It is written peer to peer. Its inputs are this rank's calls (post, flush,
 leave), messages from peer ranks, and reductions that completed here; its
 outputs go to a :class:`DriverHost`: a message to a peer rank (possibly this
 one), a reduction to start, a call that is done or refused. Round decisions
-belong to a control policy (:mod:`hvd_partial.core.control`: the
-decentralized one by default, or rank 0's coordinator), which the driver
+belong to a control policy (:class:`~hvd_partial.core.control.ControlPolicy`:
+the decentralized one unless a simulation names another), which the driver
 reaches through reports and peer messages and which starts rounds through it.
 
 Example::
@@ -20,10 +20,10 @@ Example::
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 from ..errors import MismatchError, StreamConflictError
-from .control import make_control
+from .control import ControlPolicy, DecentralControl
 from .messages import Closed, FlushBegun, Goodbye, Register, Registered, Rejected, Start
 from .post_request import PostRequest
 from .rank_stream import Launch, RankStream, Waiter
@@ -65,17 +65,18 @@ class DriverHost(Protocol):
 class Driver:
     """The protocol of every stream of one rank."""
 
-    def __init__(self, rank: int, size: int, host: DriverHost, control_plane: str = "central",
-                 defer_activations: bool = False, quorum_counters=None):
+    def __init__(self, rank: int, size: int, host: DriverHost, defer_activations: bool = False,
+                 quorum_counters=None, control: Callable[..., ControlPolicy] = DecentralControl):
         """``quorum_counters(n)``: the host's :class:`~.decentral.quorum.QuorumCounters`
-        of the n-th stream with a quorum to register (decentralized plane, more than one rank)."""
+        of the n-th stream with a quorum to register (more than one rank);
+        ``control(rank, size, send, start, defer, quorum_counters)`` makes the policy."""
         self.rank = rank
         self.size = size
         self.host = host
         # The policy sends and starts rounds through the driver, which holds its host as given
         # (the engine passes a weak proxy: no cycle keeps a stopped engine alive).
-        self.control = make_control(control_plane, rank, size, self._send, self._start_round,
-                                    self._defer_activation if defer_activations else None, quorum_counters)
+        self.control = control(rank, size, self._send, self._start_round,
+                               self._defer_activation if defer_activations else None, quorum_counters)
         self.streams: dict[str, RankStream] = {}
         self.by_id: dict[int, RankStream] = {}
         self._held: dict[str, tuple] = {}  # first posts waiting for registration: (buffers, owned, waiter)

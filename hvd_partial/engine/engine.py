@@ -84,8 +84,8 @@ class Engine:
         me = weakref.proxy(self)
         self._intake = CommandIntake()
         self._host = EngineHost(me, self.stats, self._calls, lambda error: me.fail(error, notify=True, local=True))
-        self._driver = Driver(self.rank, self.size, weakref.proxy(self._host), config.control_plane,
-                              config.activation_delay_us > 0, transport.quorum_counters)
+        self._driver = Driver(self.rank, self.size, weakref.proxy(self._host), config.activation_delay_us > 0,
+                              transport.quorum_counters)
         self._liveness = Liveness(transport, self.rank, self.size, config)
         self._dispatch = Dispatch(transport, self.rank, self._driver, {
             TAG_FAILURE: lambda source, notice: me.fail(me._liveness.failure_notice(source, notice)),
@@ -100,7 +100,7 @@ class Engine:
         self._helpers = Negotiator(transport, config, fail=lambda err: me.fail(err, notify=False, local=True),
                                    pending=self._calls)
         self._bell = transport.doorbell
-        relays = config.control_plane == "decentral" or self._driver.control.coordinator is not None
+        relays = True  # every rank relays the floods of its streams
         self._pacing = Pacing(config, self._bell, self.size, relays,
                               self._intake.queue, self._driver.control.awaiting_start)
         self._intake.poke = self._pacing.poke

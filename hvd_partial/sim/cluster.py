@@ -1,10 +1,12 @@
 """Cluster simulator: the protocol's own code (every rank's
 :class:`~hvd_partial.core.driver.Driver` and its control policy, in a
-:class:`~hvd_partial.transport.loopback.LoopbackWorld`) on a simulated clock
+:class:`~hvd_partial.sim.loopback.LoopbackWorld`) on a simulated clock
 where communication costs what a :class:`~hvd_partial.sim.network.NetworkModel` says.
 
-The control plane is a parameter: ``"central"`` (rank 0's coordinator decides
-every round) or ``"decentral"`` (every rank starts rounds itself: hypercube
+The control plane is a parameter: ``"decentral"`` (the product's: every rank
+starts rounds itself) or ``"central"`` (the reference coordinator of
+:mod:`hvd_partial.sim.coordinator`, rank 0 deciding every round; the
+decentralized plane's hypercube
 activation floods, gathers, a quorum counter; see docs/control-plane.md). The
 cost model is the same for both; it models what the MPI engine does, message
 by message:
@@ -72,7 +74,7 @@ from ..core.fusion import Layout
 from ..core.decentral.agreement import AgreementOutcome, AgreementReport
 from ..core.messages import Closed, Flush, FlushBegun, Goodbye, Post, Register, Registered, Rejected
 from ..modes import Mode, Sum
-from ..transport.loopback import LoopbackWorld
+from .loopback import LoopbackWorld
 from .network import NetworkModel
 
 log = logging.getLogger("hvd_partial.sim")
@@ -100,7 +102,7 @@ class SimResult:
     events: int = 0
     coordinator_busy_s: float = 0.0  # time rank 0's engine spent serving its control policy
     initiators: list = field(default_factory=list)
-    control_plane: str = "central"
+    control_plane: str = "decentral"
     # the busiest engine's time serving its control policy for rounds (registration, a sync
     # flush's check and shutdown, once per stream, apart), and the mean over ranks
     busy_max_s: float = 0.0
@@ -223,7 +225,7 @@ class ClusterSimulator:
 
     def __init__(self, world_size: int, mode: Mode, max_staleness: int, steps: int | Sequence[int],
                  compute_seconds: Callable[[int, int], float], network: NetworkModel | None = None,
-                 nbytes: int = 4, deadline_s: float | None = None, control_plane: str = "central",
+                 nbytes: int = 4, deadline_s: float | None = None, control_plane: str = "decentral",
                  activation_delay_s: float = 0.0):
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -552,7 +554,7 @@ class ClusterSimulator:
 
 def simulate(world_size: int, mode: Mode, max_staleness: int, steps: int | Sequence[int],
              compute_seconds: Callable[[int, int], float], network: NetworkModel | None = None,
-             nbytes: int = 4, deadline_s: float | None = None, control_plane: str = "central",
+             nbytes: int = 4, deadline_s: float | None = None, control_plane: str = "decentral",
              activation_delay_s: float = 0.0) -> SimResult:
     """Simulate ``steps`` posts per rank (an int, or one count per rank) of a
     stream of ``nbytes`` bytes; rank ``j``'s compute at its step ``s`` takes

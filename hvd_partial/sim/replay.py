@@ -21,7 +21,7 @@ import numpy as np
 
 from ..core.fusion import Layout
 from ..modes import Mode, Sum
-from ..transport.loopback import LoopbackWorld
+from .loopback import LoopbackWorld
 
 
 @dataclass

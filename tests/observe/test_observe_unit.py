@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hvd_partial.config import Config, load_config
-from hvd_partial.config_env import config_sources
+from hvd_partial.config import config_sources
 from hvd_partial.core.messages import Start
 from hvd_partial.core.rank_stream import Launch
 from hvd_partial.core.round_result import RoundResult

@@ -47,7 +47,7 @@ def test_free_network_equals_replay_with_a_straggler():
 
 def test_sync_pays_registration_then_one_reduction_per_step():
     p, steps, step_s, nbytes = 4, 10, 0.02, 1 << 20
-    r = simulate(p, Sync(), 0, steps, lambda j, s: step_s, NET, nbytes=nbytes)
+    r = simulate(p, Sync(), 0, steps, lambda j, s: step_s, NET, nbytes=nbytes, control_plane="central")
     # the first post registers the stream: ranks 1..P-1's Registers reach the coordinator one
     # message later, together, and are served one after the other; its answer reaches the last
     # rank after P-1 sends and one more message
@@ -56,7 +56,8 @@ def test_sync_pays_registration_then_one_reduction_per_step():
     expected = steps * (step_s + NET.reduce_seconds(p, nbytes)) + registration
     assert r.seconds == pytest.approx(expected, rel=1e-9)
     assert r.rounds == steps
-    slower = simulate(p, Sync(), 0, steps, lambda j, s: step_s, NET.replace(step_overhead_s=1e-3), nbytes=nbytes)
+    slower = simulate(p, Sync(), 0, steps, lambda j, s: step_s, NET.replace(step_overhead_s=1e-3), nbytes=nbytes,
+                      control_plane="central")
     assert slower.seconds == pytest.approx(expected + steps * 1e-3, rel=1e-9)
 
 
@@ -70,8 +71,8 @@ def test_communication_costs_slow_sync_down_and_free_is_fastest():
 
 def test_a_saturated_coordinator_makes_solo_slower_than_its_free_replay():
     compute = random_delays(16, 0.01, 0.05, seed=0)
-    free = simulate(16, Solo(), 8, 15, compute)
-    slow = simulate(16, Solo(), 8, 15, compute, NetworkModel(coordinator_s=2e-3))
+    free = simulate(16, Solo(), 8, 15, compute, control_plane="central")
+    slow = simulate(16, Solo(), 8, 15, compute, NetworkModel(coordinator_s=2e-3), control_plane="central")
     assert slow.seconds > 1.5 * free.seconds
     assert slow.coordinator_busy_s > 0.5 * slow.seconds  # it is the bottleneck
 
@@ -173,7 +174,7 @@ def test_nonnegative_least_squares_clips_at_zero():
 def _decentral_available() -> bool:
     import inspect
 
-    from hvd_partial.transport.loopback import LoopbackWorld
+    from hvd_partial.sim.loopback import LoopbackWorld
     return "control_plane" in inspect.signature(LoopbackWorld.__init__).parameters
 
 
@@ -189,13 +190,13 @@ def test_central_figures_are_pinned():
     modes = {"sync": Sync(), "solo": Solo(), "majority": Majority(seed=3), "majority_q": Majority(seed=1, quorum=8)}
     for name, mode in modes.items():
         r = simulate(16, mode, 0 if name == "sync" else 4, 12, random_delays(16, 0.02, 0.1, seed=2), NET,
-                     nbytes=1 << 20)
+                     nbytes=1 << 20, control_plane="central")
         assert (r.rounds, r.seconds, r.coordinator_busy_s) == pytest.approx(pinned[name], rel=1e-12, abs=1e-15), name
         assert r.control_plane == "central"
 
 
 def test_central_messages_go_through_rank_0():
-    r = simulate(16, Solo(), 8, 10, random_delays(16, 0.02, 0.1, seed=1), NET)
+    r = simulate(16, Solo(), 8, 10, random_delays(16, 0.02, 0.1, seed=1), NET, control_plane="central")
     # every other rank reports each post to rank 0 and hears every round start: rank 0 handles the most
     assert r.messages_max > 15 * r.rounds
     assert r.messages_per_round_max > 15 and r.messages_per_round_mean < 4
@@ -282,7 +283,7 @@ def test_decentral_spreads_the_control_work():
     than O(log P) control messages per round, and solo keeps its speed."""
     compute = random_delays(64, 0.01, 0.05, seed=0)
     slow = NetworkModel(coordinator_s=2e-4, message_latency_s=1e-4)
-    central = simulate(64, Solo(), 8, 12, compute, slow)
+    central = simulate(64, Solo(), 8, 12, compute, slow, control_plane="central")
     decentral = simulate(64, Solo(), 8, 12, compute, slow, control_plane="decentral")
     free = simulate(64, Solo(), 8, 12, compute, control_plane="decentral")
     assert central.busy_max_s > 0.5 * central.seconds  # the coordinator is the bottleneck

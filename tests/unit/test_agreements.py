@@ -18,7 +18,7 @@ from hvd_partial.core.round_result import RoundResult
 from hvd_partial.engine.stats import StatsRecorder
 from hvd_partial.errors import MismatchError
 from hvd_partial.modes import Majority, Solo, Sum, Sync
-from hvd_partial.transport.loopback import LoopbackWorld
+from hvd_partial.sim.loopback import LoopbackWorld
 
 
 class World:
@@ -199,7 +199,7 @@ def test_the_lag_of_each_rank_is_read_from_the_round_facts():
         world.post(0, [np.ones(1)])
         world.run_communication()
     assert lags_seen_by_rank_0() == [0, 2, 2]  # at the start of round 3 they had taken round 0 only
-    central = LoopbackWorld(2, Solo(), Sum, 4, layout)
+    central = LoopbackWorld(2, Solo(), Sum, 4, layout, control_plane="central")
     for j in range(2):
         central.post(j, [np.ones(1)])
     central.run_communication()

@@ -38,6 +38,14 @@ def test_unknown_keyword_is_rejected():
         load_config({"max_stale": 1}, environ={})
 
 
+def test_the_removed_control_plane_setting_is_an_error_that_says_so():
+    with pytest.raises(ConfigError, match="HVD_PARTIAL_CONTROL_PLANE: the option is gone"):
+        load_config(environ={"HVD_PARTIAL_CONTROL_PLANE": "decentral"})
+    with pytest.raises(ConfigError, match="control_plane=: the option is gone"):
+        load_config({"control_plane": "central"}, environ={})
+    assert not hasattr(Config(), "control_plane")
+
+
 def test_designated_initiator_is_identical_across_processes_and_varies():
     code = ("from hvd_partial.modes import designated_initiator as d;"
             "print([d(7, 'grads', r, 5) for r in range(50)])")

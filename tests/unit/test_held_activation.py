@@ -13,7 +13,7 @@ from hvd_partial.core.control import StreamMessage
 from hvd_partial.core.decentral import Activate, QuorumMet, ReleaseActivation
 from hvd_partial.core.fusion import Layout
 from hvd_partial.modes import Majority, Solo, Sum
-from hvd_partial.transport.loopback import LoopbackWorld
+from hvd_partial.sim.loopback import LoopbackWorld
 
 
 def world_of(P, mode=None, held=True):
@@ -83,7 +83,7 @@ def test_balanced_rounds_send_no_activation(P):
     world.run_communication()  # the releases come after their rounds completed: nothing to send
     assert sent == []
     for j in range(P):
-        assert machine(world, j).floods_dropped >= 5
+        assert machine(world, j).stats.floods_dropped >= 5
         assert not machine(world, j).held.flush_made  # nobody flushed: no flush gather was built
         sums = [int(r.array[0]) for r in world.results(j)]
         assert sums[-5:] == [P * (s + 2) for s in range(5)]
@@ -112,11 +112,11 @@ def test_a_rank_that_does_not_post_is_reached_when_the_delay_ends(P, late):
         assert int(world.results(j)[-1].array[0]) == 5 * (P - 1)
         assert late not in world.results(j)[-1].contributors
     # the next round follows a round that lacked a rank: its flood is not held back
-    before = machine(world, posting[0]).floods_held
+    before = machine(world, posting[0]).stats.floods_held
     post_all(world, P, 1, posting)
     run_without_releases(world)
     assert all(world.idle(j) for j in posting)
-    assert machine(world, posting[0]).floods_held == before
+    assert machine(world, posting[0]).stats.floods_held == before
 
 
 def test_an_activation_that_arrives_releases_a_held_flood_at_once():
@@ -155,8 +155,8 @@ def test_without_an_activation_delay_nothing_is_held_back():
         for value in (1, 1, 2, 3):
             post_all(world, P, value)
             world.run_communication()
-        assert all(machine(world, j).floods_held == 0 for j in range(P))
-        assert all(machine(world, j).joined_early == 0 for j in range(P))
+        assert all(machine(world, j).stats.floods_held == 0 for j in range(P))
+        assert all(machine(world, j).stats.joined_early == 0 for j in range(P))
 
 
 def balanced_majority_world(P, seed=3, quorum=None):
@@ -177,22 +177,22 @@ QUORUM = pytest.mark.parametrize("quorum", [None, "half"])
 def test_balanced_majority_rounds_send_no_activation(P, quorum):
     world, mode = balanced_majority_world(P, quorum=quorum)
     sent = count_messages(world)
-    additions = sum(machine(world, j).quorum_additions for j in range(P))
+    additions = sum(machine(world, j).stats.quorum_additions for j in range(P))
     for step in range(5):
         post_all(world, P, step + 2)
         run_without_releases(world)
         assert all(world.idle(j) for j in range(P)), f"step {step}: a post is still waiting"
     world.run_communication()
     assert sent == []  # no activation, and with a quorum no notice
-    assert sum(machine(world, j).quorum_additions for j in range(P)) == additions
+    assert sum(machine(world, j).stats.quorum_additions for j in range(P)) == additions
     for j in range(P):
         results = world.results(j)[-5:]
         assert [int(r.array[0]) for r in results] == [P * (s + 2) for s in range(5)]
         assert all(r.initiator == mode.initiator("stream", r.round, P) for r in results)
         assert all(r.contributors == list(range(P)) for r in results)
     # each round: its designated rank held its flood back and dropped it, every other rank joined early
-    assert sum(machine(world, j).floods_dropped for j in range(P)) >= 5
-    assert sum(machine(world, j).joined_early for j in range(P)) >= 5 * (P - 1)
+    assert sum(machine(world, j).stats.floods_dropped for j in range(P)) >= 5
+    assert sum(machine(world, j).stats.joined_early for j in range(P)) >= 5 * (P - 1)
     assert all(machine(world, j).awaiting_start is None for j in range(P))
 
 
@@ -340,13 +340,13 @@ def test_a_delay_that_ends_after_everyone_joined_drops_the_flood_before_the_roun
     starters = [e for e in releases if machine(world, e[2]).awaiting_start is None]
     solo, quorum = isinstance(mode, Solo), getattr(mode, "quorum", None)
     assert len(starters) == (P if solo else 1) and len(releases) == (P if solo or quorum else 1)
-    dropped = sum(machine(world, j).floods_dropped for j in range(P))
+    dropped = sum(machine(world, j).stats.floods_dropped for j in range(P))
     for event in releases:
         world.apply(event)
     assert sent == []
-    assert sum(machine(world, j).floods_dropped for j in range(P)) == dropped + len(starters)
+    assert sum(machine(world, j).stats.floods_dropped for j in range(P)) == dropped + len(starters)
     assert not any(world.idle(j) for j in range(P))  # no round completed yet
     world.run_communication()
     assert all(world.idle(j) for j in range(P)) and sent == []
     assert all(machine(world, j).awaiting_start is None for j in range(P))
-    assert sum(machine(world, j).quorum_additions for j in range(P)) == 0
+    assert sum(machine(world, j).stats.quorum_additions for j in range(P)) == 0

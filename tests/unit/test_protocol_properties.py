@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from hvd_partial.core.fusion import Layout
 from hvd_partial.modes import Majority, Solo, Sum, Sync
-from hvd_partial.transport.loopback import LoopbackWorld
+from hvd_partial.sim.loopback import LoopbackWorld
 
 # "decentral+held": solo rounds started in balanced training hold their flood back until a
 # later event (the engine's activation delay), and drop it if the round completes first.
@@ -247,12 +247,12 @@ def test_held_back_paths_run_in_random_schedules():
         for rank in world.ranks:
             machine = rank.driver.control.streams[0]
             tally = counts[mode.kind + ("_quorum" if getattr(mode, "quorum", None) else "")]
-            deferred_additions += machine.deferred_additions
-            notices += machine.quorum_notices
-            tally[0] += machine.floods_held
-            tally[1] += machine.floods_dropped
-            tally[2] += machine.joined_early
-            tally[3] += machine.joined_at_flush
+            deferred_additions += machine.stats.deferred_additions
+            notices += machine.stats.quorum_notices
+            tally[0] += machine.stats.floods_held
+            tally[1] += machine.stats.floods_dropped
+            tally[2] += machine.stats.joined_early
+            tally[3] += machine.stats.joined_at_flush
     solo, majority, quorum = counts["solo"], counts["majority"], counts["majority_quorum"]
     assert solo[0] > 100 and solo[1] > 10 and solo[2] == 0 and solo[3] > 20, counts
     assert majority[0] > 50 and majority[1] > 10 and majority[2] > 50 and majority[3] > 20, counts

@@ -10,7 +10,7 @@ from hvd_partial.core.fusion import Layout
 from hvd_partial.core.messages import FlushBegun
 from hvd_partial.errors import MismatchError
 from hvd_partial.modes import Solo, Sum, Sync
-from hvd_partial.transport.loopback import LoopbackWorld
+from hvd_partial.sim.loopback import LoopbackWorld
 
 
 def _world(mode, size=3, plane="central"):

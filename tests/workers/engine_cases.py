@@ -583,7 +583,7 @@ elif case == "waiting_cpu":
     report({"cpu_fraction": (time.process_time() - cpu0) / (time.monotonic() - wall0),
             "naps": len(naps) - naps_before,
             "waited": time.monotonic() - wall0, "round": rounds[-1].round, "initiator": rounds[-1].initiator,
-            "joined_early": machine.joined_early, "contributors": rounds[-1].contributors})
+            "joined_early": machine.stats.joined_early, "contributors": rounds[-1].contributors})
     hvd.flush("m")
     hvd.shutdown()
 

@@ -53,8 +53,8 @@ summed = summed[:total]
 stats = hvd.stats()["grads"]
 # the decentralized plane's state machine of the stream: its quorum counter's use
 machine = next(iter(hvd.session.current().engine._driver.control.streams.values()), None)
-quorum_use = None if machine is None or quorum is None else [machine.quorum_additions, machine.quorum_notices,
-                                                              machine.deferred_additions, machine.floods_held]
+quorum_use = None if machine is None or quorum is None else [machine.stats.quorum_additions, machine.stats.quorum_notices,
+                                                              machine.stats.deferred_additions, machine.stats.floods_held]
 report({
     "rounds": [[r.round, r.initiator, r.contributors, {str(k): v for k, v in r.staleness.items()},
                 digest([r.array]), r.flush] for r in taken],

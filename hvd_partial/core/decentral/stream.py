@@ -105,6 +105,7 @@ from .gather import Gather, position_in_sorted
 from .messages import (Activate, Complete, Defer, DesignatedParked, Gathered, Join, QuorumMet, Rejected,
                        ReleaseActivation, Send)
 from .quorum import BEGAN_FLUSHING, HOLDS, QUORUM_SLOTS, QuorumCounters, SharedQuorumCounters, quorum_met
+from .stats import StreamStats
 
 
 @dataclass(slots=True)
@@ -165,12 +166,10 @@ class DecentralStream:
                 raise EngineError(f"rank {rank}: stream {name!r} has a quorum but no quorum counters")
             counters = SharedQuorumCounters().for_rank(rank)(0)
         self.counters = counters
-        self.quorum_additions = 0  # additions this rank made to quorum counters
-        self.quorum_notices = 0  # ... that made a quorum at another rank, which it told
+        self.stats = StreamStats()
         # A balanced round joined with a quorum: (round, designated rank, amount, training)
         # of the addition this rank makes only if its activation delay ends first.
         self.deferred_count: tuple | None = None
-        self.deferred_additions = 0  # ... made so, the round's delay having ended first
         # At the designated rank: the balanced round whose flood waits for its quorum.
         self.flood_awaits_quorum: int | None = None
         self.signature = signature  # compared across ranks at registration (equality)
@@ -183,12 +182,8 @@ class DecentralStream:
         # Rounds of balanced training flood only if someone needs it (module docstring).
         self.defer_activations = defer_activations
         self.held_back: int | None = None  # the round whose flood this rank holds back
-        self.floods_held = 0  # rounds whose flood was held back here (on the host's timer)
-        self.floods_dropped = 0  # ... and never needed: the round completed first
         # Majority: the round this rank joined before hearing of its designated start.
         self.awaiting_start: int | None = None
-        self.joined_early = 0  # rounds joined so, before their start was heard
-        self.joined_at_flush = 0  # balanced rounds joined at a flush, without the flush gather
         # every rank contributed to the last round completed here, or joined it flushing
         # (a flush round: every rank then trains again at about the same time)
         self._last_full = False
@@ -524,12 +519,12 @@ class DecentralStream:
         """Add ``amount`` to round ``c``'s counter at ``d``; tell ``d`` if this
         addition made the quorum. Returns whether this rank is ``d`` and the quorum is met."""
         before = self.counters.add(d, c % QUORUM_SLOTS, amount)
-        self.quorum_additions += 1
+        self.stats.quorum_additions += 1
         if quorum_met(before + amount, self.quorum, training):
             if d == self.rank:
                 return True
             if not quorum_met(before, self.quorum, training):
-                self.quorum_notices += 1
+                self.stats.quorum_notices += 1
                 out.append(Send(d, QuorumMet(c)))
         return False
 
@@ -548,7 +543,7 @@ class DecentralStream:
         out: list = []
         met = False
         if amount or d == self.rank:
-            self.deferred_additions += 1
+            self.stats.deferred_additions += 1
             met = self._add(c, d, amount, training, out)
         self.deferred_count = None  # (after the addition: a watcher may read it)
         if d != self.rank:
@@ -664,7 +659,7 @@ class DecentralStream:
                     self._count(held, bool(self.pending), out)
                 return out
         if self.flushing:
-            self.joined_at_flush += 1
+            self.stats.joined_at_flush += 1
         return out
 
     def _parked_designated(self, held: _Held) -> bool:
@@ -698,7 +693,7 @@ class DecentralStream:
     def _hold_back(self, c: int) -> list:
         self.activation.start_held(c)
         self.held_back = c
-        self.floods_held += 1
+        self.stats.floods_held += 1
         return [Defer(c), self._join(c, initiated=True)]
 
     def _join_early(self, c: int) -> list:
@@ -706,7 +701,7 @@ class DecentralStream:
         the module docstring); flood only once an activation of it arrives."""
         self.activation.start_held(c)
         self.held_back = self.awaiting_start = c
-        self.joined_early += 1
+        self.stats.joined_early += 1
         return [self._join(c, initiated=False)]
 
     def _drop_flood(self, c: int) -> None:
@@ -715,7 +710,7 @@ class DecentralStream:
         if self.awaiting_start == c:  # an early joiner's: not a flood of its own
             self.awaiting_start = None
         else:
-            self.floods_dropped += 1
+            self.stats.floods_dropped += 1
 
     def _release(self, c: int) -> list:
         """Flood round ``c``, held back here, to the neighbours not heard from in it."""

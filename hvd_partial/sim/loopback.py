@@ -26,7 +26,7 @@ from collections import deque
 
 import numpy as np
 
-from ..core.control import StreamMessage
+from ..core.control import DecentralControl, StreamMessage
 from ..core.decentral.messages import ReleaseActivation
 from ..core.decentral.quorum import SharedQuorumCounters
 from ..core.driver import Driver
@@ -37,7 +37,10 @@ from ..core.rank_stream import Launch, RankStream, Waiter
 from ..core.round_result import RoundResult
 from ..errors import RankFailedError
 from ..modes import Mode, ReduceOp
+from .coordinator import central_control
 
+#: The control policy of each plane a world can run (the product runs ``decentral``).
+CONTROL_PLANES = {"decentral": DecentralControl, "central": central_control}
 STREAM = "stream"  # the name of the world's stream unless a call names another
 
 
@@ -47,8 +50,8 @@ class LoopbackRank:
     def __init__(self, world: "LoopbackWorld", rank: int):
         self.world = world
         self.rank = rank
-        self.driver = Driver(rank, world.world_size, self, world.control_plane, world.defer_activations,
-                             world.quorum_counters.for_rank(rank))
+        self.driver = Driver(rank, world.world_size, self, world.defer_activations,
+                             world.quorum_counters.for_rank(rank), world.control)
         self.launches = world.make_queue("launches", rank, rank)  # (stream, launch) joined, not completed here
         self.waiter: Waiter | None = None  # the compute thread's call in progress
         self.taken: dict[str, list[RoundResult]] = {}  # stream -> every result taken, in order
@@ -116,12 +119,17 @@ class LoopbackWorld:
     taken results are kept (default all; the simulator keeps rank 0's only).
     ``defer_activations``: solo and majority rounds
     started in balanced training hold their flood back until a later event
-    (the engine's activation delay), and majority's other ranks join early."""
+    (the engine's activation delay), and majority's other ranks join early.
+    ``control_plane``: ``"decentral"`` (the product's) or ``"central"`` (the
+    reference coordinator of :mod:`hvd_partial.sim.coordinator`)."""
 
     def __init__(self, world_size: int, mode: Mode, op: ReduceOp, max_staleness: int, layout: Layout,
-                 keep_results=None, control_plane: str = "central", defer_activations: bool = False):
+                 keep_results=None, control_plane: str = "decentral", defer_activations: bool = False):
         self.world_size = world_size
+        if control_plane not in CONTROL_PLANES:
+            raise ValueError(f"control_plane must be one of {tuple(CONTROL_PLANES)}, got {control_plane!r}")
         self.control_plane = control_plane
+        self.control = CONTROL_PLANES[control_plane]
         self.defer_activations = defer_activations
         self.mode = mode
         self.op = op

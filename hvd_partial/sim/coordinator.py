@@ -1,4 +1,5 @@
-"""The coordinator: decides, for every solo and majority stream, when each
+"""A reference control plane for the simulator and differential tests (the
+product runs only the decentralized one): rank 0's coordinator decides, for every solo and majority stream, when each
 round starts and what it sums. Pure: no MPI, no threads, no clocks.
 
 Rank 0's engine runs the single coordinator. Every rank reports its posts and
@@ -14,8 +15,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from typing import Callable
+
+from ..errors import EngineError
 from ..modes import Mode, RoundFacts, mode_from_description
-from .messages import (Closed, Flush, FlushBegun, Goodbye, Post, Register, Registered, Rejected, Start,
+from ..core.messages import (Closed, Flush, FlushBegun, Goodbye, Post, Register, Registered, Rejected, Start,
                        StreamSignature)
 
 
@@ -244,3 +248,82 @@ class Coordinator:
         if initiator is not None:
             state.initiated[initiator] += 1
         return [Start(state.id, r, initiator, flush=flush, lag=tuple(lag))]
+
+
+COORDINATOR_RANK = 0
+# The coordinator's method for each report (looked up on the instance, so that a profiler can wrap it).
+_REPORTS = {Register: "on_register", Post: "on_post", Flush: "on_flush", Goodbye: "on_goodbye"}
+
+
+class CentralControl:  # a ControlPolicy (hvd_partial.core.control)
+    """Rank 0 decides every round with the :class:`Coordinator`; every other
+    rank reports to it, and it sends each decision to every rank (itself too),
+    in the same order to all."""
+
+    def __init__(self, rank: int, size: int, send: Callable[[int, object], None]):
+        self.rank = rank
+        self.size = size
+        self._send = send
+        self.coordinator = Coordinator(size) if rank == COORDINATOR_RANK else None
+
+    def report(self, message) -> None:
+        """This rank's own event (a registration, flush or goodbye)."""
+        self._send(COORDINATOR_RANK, message)
+
+    def posted(self, stream, seq: int, computed_for: int, taken: int, waiting: bool) -> None:
+        """This rank posted to ``stream`` (registered)."""
+        self._send(COORDINATOR_RANK, Post(self.rank, stream.id, seq, computed_for, taken, waiting))
+
+    def on_message(self, source: int, message) -> None:
+        """A peer's report reached this rank."""
+        handler = _REPORTS.get(type(message))
+        if handler is None or self.coordinator is None:
+            raise EngineError(f"rank {self.rank}: unexpected control message from rank {source}: {message!r}")
+        self._broadcast(getattr(self.coordinator, handler)(message))
+
+    def decides_completion(self, stream) -> bool:
+        """Whether this rank's completion of a round of ``stream`` feeds a decision."""
+        return self.coordinator is not None and not stream.sync
+
+    def awaiting_start(self, sid: int, round_number: int) -> bool:
+        """Whether this rank joined ``round_number`` of stream ``sid`` before
+        hearing that it started (never: rank 0 starts every round)."""
+        return False
+
+    def registered(self, stream) -> None:
+        """``stream`` got its id here and holds this rank's first post."""
+
+    def fail(self, error: Exception) -> None:
+        """This rank failed: decide nothing more."""
+
+    def shutdown_ready(self) -> None:
+        """This rank's shutdown is done but for knowing that every rank's is."""
+
+    def park(self) -> None:
+        """This rank waits in a call that needs every rank (the coordinator does not track it)."""
+
+    def unpark(self) -> None:
+        """The call that parked this rank returned."""
+
+    def take(self, stream) -> None:
+        """The rank stream took its completed rounds outside a post."""
+
+    def take_ready(self, stream) -> bool:
+        return True
+
+    def round_completed(self, stream, launch, result=None) -> None:
+        """This rank completed ``launch`` of ``stream``."""
+        if self.coordinator is None or stream.sync or launch.facts is None or launch.facts.round is None:
+            return
+        self._broadcast(self.coordinator.on_round_complete(stream.id, launch.round, stream.last_included))
+
+    def _broadcast(self, messages) -> None:
+        send = self._send
+        for message in messages:
+            for dest in range(self.size):
+                send(dest, message)
+
+
+def central_control(rank: int, size: int, send, start=None, defer=None, quorum_counters=None) -> CentralControl:
+    """A :class:`~hvd_partial.core.driver.Driver`'s ``control`` factory for the reference plane."""
+    return CentralControl(rank, size, send)
