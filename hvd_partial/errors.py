@@ -70,7 +70,10 @@ class TooManyStreamsError(HvdPartialError):
     allows only so many at once (MPICH about 2,000); majority streams with a
     quorum keep their counters in one window made at ``init``, room for 256.
     Reduce many arrays as one stream with ``grouped_partial_allreduce_async``.
-    The engine stops: later calls raise this error too.
+    A full quorum window refuses only the first post of the new stream (on
+    every rank, as each makes that post); the engine and its other streams go
+    on. Where MPI runs out of communicators the engine stops: later calls
+    raise this error too.
     """
 
 

@@ -111,6 +111,7 @@ class DecentralControl:
         # register in the same order on every rank, so n is the same everywhere).
         self._quorum_counters = quorum_counters
         self._quorum_streams = 0
+        self._quorum_pending: set[str] = set()  # proposed streams with a quorum, not yet registered
         # Outcomes for this rank's driver travel as messages to itself.
         self.agreements = Agreements(rank, size, send, lambda decision: send(rank, decision))
         self.streams: dict[int, DecentralStream] = {}
@@ -133,6 +134,11 @@ class DecentralControl:
                 self.agreements.sync_flush(message.stream, message.taken)
             return
         elif kind is Register:
+            if _quorum_of(message.signature) is not None and self._quorum_counters is not None:
+                # Probe the counters this stream would get, so that a full window refuses
+                # this rank's own first post (the same post on every rank), not the engine.
+                self._quorum_counters(self._quorum_streams + len(self._quorum_pending))
+                self._quorum_pending.add(message.name)
             self._signatures[message.name] = message.signature
             self.agreements.register(message.name, message.signature)
             return
@@ -166,12 +172,13 @@ class DecentralControl:
 
     def registered(self, stream) -> None:
         signature = self._signatures.pop(stream.name, None)
+        self._quorum_pending.discard(stream.name)
         if stream.sync or signature is None:
             return
         mode = mode_from_description(signature.mode)
         if mode.kind not in ("solo", "majority"):
             raise ConfigError(f"stream {stream.name!r}: no decentralized rounds for mode {mode.kind!r}")
-        quorum = getattr(mode, "quorum", None)
+        quorum = _quorum_of(signature)
         counters = None
         if quorum is not None and self._quorum_counters is not None:
             counters = self._quorum_counters(self._quorum_streams)
@@ -231,3 +238,10 @@ class DecentralControl:
                 self._start(sid, action.round, action.facts)
             elif kind is Defer:
                 self._defer(sid, action.round)
+
+
+def _quorum_of(signature) -> int | None:
+    """The quorum of a stream's mode, from its registration signature; None: no quorum."""
+    if signature is None:
+        return None
+    return getattr(mode_from_description(signature.mode), "quorum", None)

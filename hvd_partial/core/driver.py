@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
-from ..errors import MismatchError, StreamConflictError
+from ..errors import HvdPartialError, MismatchError, StreamConflictError
 from .control import ControlPolicy, DecentralControl
 from .messages import Closed, FlushBegun, Goodbye, Register, Registered, Rejected, Start
 from .post_request import PostRequest
@@ -99,7 +99,11 @@ class Driver:
                                 grouped=request.grouped)
             self.streams[name] = stream
             self._held[name] = (request.buffers, request.owned, waiter)
-            self.control.report(Register(self.rank, name, request.signature))
+            try:
+                self.control.report(Register(self.rank, name, request.signature))
+            except HvdPartialError:  # refused before any peer heard of it: as if never posted
+                del self.streams[name], self._held[name]
+                raise
             return
         if stream.id is None:
             raise StreamConflictError(

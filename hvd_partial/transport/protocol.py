@@ -34,8 +34,9 @@ class Transport(Protocol):
     local_size: int
     # Peers ring it after an urgent message so that a sleeping engine wakes at once; None: no doorbells.
     doorbell: Doorbell | None
-    # quorum_counters(n): the counters of the n-th stream with a quorum to register; None: the
-    # streams keep no shared counters (one rank, or the transport has no one-sided window).
+    # quorum_counters(n): the counters of the n-th stream with a quorum to register (raises
+    # TooManyStreamsError past the window's capacity); None: the streams keep no shared
+    # counters (one rank, or the transport has no one-sided window).
     quorum_counters: Callable[[int], QuorumCounters] | None
     helpers: Any  # the helper collectives' communicator; None: no helper collectives
     tag_base: int  # added to every tag on the wire (sessions apart)

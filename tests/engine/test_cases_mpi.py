@@ -75,14 +75,18 @@ def test_running_out_of_stream_communicators_is_a_clear_error():
 
 
 def test_more_majority_streams_with_a_quorum_than_the_window_holds_is_a_clear_error():
-    """The 257th majority stream with a quorum in a session: every rank gets
-    TooManyStreamsError naming the limit and the way out, not an engine crash."""
+    """The 257th majority stream with a quorum in a session: every rank's own
+    first post to it is refused with TooManyStreamsError naming the rank, the
+    limit and the way out; the engine and the streams it has go on."""
     res = run_mpi("engine_cases.py", 2, "too_many_streams", 300, "quorum")
     for rank, rep in res.results.items():
         assert rep["failed_at"] == 256, rep
         assert rep["error"].startswith("TooManyStreamsError") and f"rank {rank}:" in rep["error"], rep["error"]
         assert "256 majority streams with a quorum" in rep["error"] and "grouped_partial_allreduce_async" in rep["error"]
-        assert "TooManyStreamsError" in rep["later"]
+        assert rep["again"].startswith("TooManyStreamsError"), rep["again"]
+        assert rep["old_stream"], "the stream registered before the limit took no round"
+        assert rep["no_quorum"] == [[2.0]], rep["no_quorum"]
+    assert res.results[0]["old_stream"] == res.results[1]["old_stream"]
 
 
 def test_sync_stream_posted_more_often_on_some_ranks_fails_instead_of_hanging():

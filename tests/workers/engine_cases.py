@@ -287,13 +287,23 @@ elif case == "too_many_streams":
     hvd.init()
     out = {"library": MPI.Get_library_version().split()[0], "failed_at": None}
     mode = hvd.Majority(quorum=2) if sys.argv[3:] == ["quorum"] else hvd.Sync()
+    quorum = sys.argv[3:] == ["quorum"]
     for i in range(int(sys.argv[2])):
         try:
             hvd.partial_allreduce(np.ones(1, np.float32), f"tensor{i}", mode=mode)
         except hvd.HvdPartialError as err:
-            out.update(failed_at=i, error=f"{type(err).__name__}: {err}",
-                       later=expect(hvd.HvdPartialError, hvd.partial_allreduce, np.ones(1), "x"))
+            out.update(failed_at=i, error=f"{type(err).__name__}: {err}")
+            if not quorum:
+                out["later"] = expect(hvd.HvdPartialError, hvd.partial_allreduce, np.ones(1), "x")
             break
+    if out["failed_at"] is not None and quorum:
+        # A full window refuses only the new stream: the engine and the streams it has go on.
+        out["again"] = expect(hvd.TooManyStreamsError, hvd.partial_allreduce, np.ones(1, np.float32),
+                              f"tensor{out['failed_at']}", mode=mode)
+        taken = hvd.partial_allreduce(np.ones(1, np.float32), "tensor0", mode=mode) + hvd.flush("tensor0")
+        out["old_stream"] = [r.round for r in taken]
+        out["no_quorum"] = [r.array.tolist() for r in hvd.partial_allreduce(np.ones(1), "y", mode=hvd.Sync(),
+                                                                            op=hvd.Sum)]
     hvd.shutdown()
     report(out)
 
