@@ -1,4 +1,16 @@
-"""Control messages between the ranks' engines and the coordinator.
+"""The control messages of the ranks' engines, in one place.
+
+- Reports a rank's protocol driver makes to its control policy (``Register``,
+  ``Flush``, ``Goodbye``; ``Post`` only for the simulator's reference
+  coordinator, :mod:`hvd_partial.sim.coordinator`).
+- Decisions a control policy hands every rank's driver (``Registered``,
+  ``Rejected``, ``FlushBegun``, ``Closed``, ``Start``), reached by the
+  agreements of :mod:`hvd_partial.core.decentral.agreement` (gathers to rank
+  0 and floods of the outcome).
+- Liveness between engines (``Heartbeat``, ``Failure``; see
+  :mod:`hvd_partial.core.liveness`).
+- Actions, which never leave the rank: what a pure state machine asks the
+  code that runs it to do (``Send``; ``Declared`` for liveness).
 
 Plain, picklable dataclasses; the core produces and consumes them and the
 transport moves them.
@@ -7,6 +19,7 @@ transport moves them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -28,7 +41,7 @@ class StreamSignature:
         return out
 
 
-# rank -> coordinator ---------------------------------------------------------
+# a rank's driver -> its control policy -----------------------------------------
 
 @dataclass(frozen=True)
 class Register:
@@ -76,9 +89,12 @@ class Goodbye:
     names: tuple = ()
 
 
+# liveness: engine -> engine ----------------------------------------------------
+
 @dataclass(frozen=True)
 class Failure:
-    """A rank raised, or saw a fatal error; broadcast to every rank."""
+    """Rank ``rank`` failed (it raised, died, hung or was stopped) for
+    ``reason``: flooded to every rank (:mod:`hvd_partial.core.liveness`)."""
 
     rank: int
     reason: str
@@ -86,10 +102,13 @@ class Failure:
 
 @dataclass(frozen=True)
 class Heartbeat:
+    """Rank ``rank`` is running: sent to its ring successor every
+    ``heartbeat_seconds`` (any other message from it counts as much)."""
+
     rank: int
 
 
-# coordinator -> every rank ---------------------------------------------------
+# a control policy -> every rank's driver ---------------------------------------
 
 @dataclass(frozen=True)
 class Registered:
@@ -99,10 +118,14 @@ class Registered:
 
 @dataclass(frozen=True)
 class Rejected:
-    """Registration failed: ranks disagree. Every rank raises ``MismatchError``."""
+    """Registration of stream ``name`` failed: ranks disagree (``reason`` names
+    them and the fields). Every rank fails its first post with
+    ``MismatchError(reason)``. A
+    :class:`~hvd_partial.core.decentral.stream.DecentralStream` that
+    registers itself floods it without a name (it has one stream)."""
 
-    name: str
     reason: str
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -139,3 +162,24 @@ class Start:
     initiator: int | None
     flush: bool = False
     lag: tuple = field(default=())
+
+
+# actions: a state machine -> the code that runs it (never leave the rank) -----
+# (Made on every post and completion: plain slotted records, about a third of a
+# frozen dataclass's cost to make.)
+
+@dataclass(slots=True)
+class Send:
+    """Send ``message`` to rank ``dest``."""
+
+    dest: int
+    message: Any
+
+
+@dataclass(slots=True)
+class Declared:
+    """Liveness learned that rank ``error.rank`` failed (this rank's first
+    failure, at which it stops): fail every waiter with ``error``, a
+    :class:`~hvd_partial.errors.RankFailedError`."""
+
+    error: Any

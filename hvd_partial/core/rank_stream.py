@@ -35,8 +35,9 @@ class Launch:
     flush of a sync stream); the engine then completes it with zeros and no
     communication. For solo and majority rounds the last buffer of ``send``
     holds this rank's facts, so the reduction gathers every rank's facts with
-    the data: under the coordinator a flat array (contributed, staleness, last
-    post summed), else the decentralized plane's ``(FIELDS, P)`` array.
+    the data: the decentralized plane's ``(FIELDS, P)`` array, or, under the
+    simulator's reference coordinator (:mod:`hvd_partial.sim.coordinator`), a
+    flat array (contributed, staleness, last post summed).
 
     ``owned`` says, per buffer of ``send``, whether it belongs to this rank's
     stream alone (a fused or staged copy, the facts): the engine may then
@@ -47,7 +48,7 @@ class Launch:
 
     round: int
     send: list | None
-    facts: Start | None  # the coordinator's Start; None for sync and decentralized rounds
+    facts: Start | None  # a Start (sync flush rounds, the simulator's coordinator); None for decentralized rounds
     with_facts: bool = False  # solo and majority rounds: the last buffer of send is the facts
     owned: list | None = None  # set whenever send is
 
@@ -94,7 +95,7 @@ class RankStream:
         self.waiter: Waiter | None = None
         self._zeros: list | None = None
         self._staging = BufferPool()  # copies of pending data, sums of several posts
-        # rank -> last post it summed in the latest completed round (for the coordinator)
+        # rank -> last post it summed in the latest completed round (for the simulator's coordinator)
         self.last_included: dict[int, int] = {}
         # Sync streams: set while some rank flushes (FlushBegun), until the flush round.
         self.flush_begun: FlushBegun | None = None
@@ -175,7 +176,8 @@ class RankStream:
                 f"equally often (solo and majority streams allow uneven posts)")
 
     def on_start(self, start: Start) -> Launch:
-        """The coordinator started a round (or a sync stream's flush round)."""
+        """A ``Start`` decision: a sync stream's flush round (or, in the
+        simulator, a round its reference coordinator started)."""
         if start.round is None:  # flush of a sync stream: a round with no contributors
             self.flush_begun = None
             launch = Launch(self.started, None, start)
@@ -191,8 +193,8 @@ class RankStream:
 
     def join(self, round_number: int, facts: np.ndarray, start: Start | None = None) -> Launch:
         """This rank joins ``round_number`` with everything posted and not yet
-        contributed, and with its ``facts`` (the decentralized plane's, or the
-        coordinator's ``start`` filled in by :meth:`on_start`)."""
+        contributed, and with its ``facts`` (the decentralized plane's, or those
+        :meth:`on_start` filled in from a ``start``)."""
         if round_number != self.started:
             raise AssertionError(f"stream {self.name!r}: expected round {self.started}, got {round_number}")
         self.started += 1

@@ -83,7 +83,7 @@ class StatsRecorder:
                 s.initiated[result.initiator] += 1
 
     def round_started(self, name: str, lag) -> None:
-        """The lags per rank when a round started (a list from the coordinator)."""
+        """The lags per rank when a round started (a ``Start``'s list, where one carries it)."""
         if lag:
             with self._lock:
                 self._get(name).lag = list(lag)

@@ -98,7 +98,7 @@ class Coordinator:
             if diffs:
                 problems.append(f"rank {rank} differs from rank 0 in " + "; ".join(diffs))
         if problems:
-            return [Rejected(msg.name, f"ranks disagree on stream {msg.name!r}: " + " | ".join(problems))]
+            return [Rejected(f"ranks disagree on stream {msg.name!r}: " + " | ".join(problems), name=msg.name)]
         sid = len(self.streams)
         # The first post of every rank is the registration itself: round 0
         # therefore waits for (and sums) every rank's first contribution.
@@ -121,8 +121,8 @@ class Coordinator:
         out = []
         for name, ranks in self.unregistered().items():
             missing = sorted(set(range(self.world_size)) - set(ranks))
-            out.append(Rejected(name, f"stream {name!r} was posted on ranks {ranks} "
-                                      f"but never on ranks {missing} before shutdown"))
+            out.append(Rejected(f"stream {name!r} was posted on ranks {ranks} "
+                                f"but never on ranks {missing} before shutdown", name=name))
         self._registering.clear()
         return out
 

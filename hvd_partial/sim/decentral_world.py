@@ -6,8 +6,10 @@ rank a random moment after the last rank joined it (its value is the list of
 every post summed into it, sorted, and its facts the sum of every rank's);
 a rank's compute takes the time its schedule says, then it posts, or
 flushes once it has no posts left. Ranks can die or be stopped (and resumed)
-at given times; with ``liveness`` every rank also runs its ring heartbeats on
-a periodic tick. With ``park_at``, each rank waits once in a call that needs
+at given times; with ``liveness`` every rank also runs the engine's liveness
+(:class:`hvd_partial.core.liveness.Liveness`: ring heartbeats, the failure
+flood) on a periodic tick, and stops handling liveness at its first failure,
+as an engine stops. With ``park_at``, each rank waits once in a call that needs
 every rank (a barrier, as ``hvd.allreduce`` of a metric at an epoch's end)
 after that many posts, parked, and takes the rounds completed meanwhile
 when every rank has come. The tests check the protocol's guarantees on the
@@ -30,12 +32,12 @@ from typing import Callable
 
 import numpy as np
 
-from ..core.decentral import Complete, DecentralStream, Join, RingLiveness, Send, SharedQuorumCounters
+from ..core.decentral import Complete, DecentralStream, Join, Send, SharedQuorumCounters
 from ..core.decentral.facts import INITIATED, PARKED
-from ..core.decentral.messages import Failed, Heartbeat, PeerFailed
-from ..errors import RankFailedError
+from ..core.liveness import Liveness
+from ..core.messages import Declared, Failure, Heartbeat
 
-_LIVENESS = (Heartbeat, Failed)
+_LIVENESS = (Heartbeat, Failure)
 
 
 @dataclass
@@ -70,7 +72,10 @@ class DecentralWorld:
                         for j in range(P)]
         self.liveness = liveness
         self.tick_s = tick_s
-        self.rings = [RingLiveness(j, P, heartbeat_s, failure_timeout_s) for j in range(P)] if liveness else None
+        # (every rank starts its clock at 0, as engines do after init's barrier; a rank whose
+        # ticks are more than two apart did not run)
+        self.rings = [Liveness(j, P, heartbeat_s, failure_timeout_s, now=0.0, frozen_s=2 * tick_s)
+                      for j in range(P)] if liveness else None
         self.posts_left = list(posts)
         # per rank: flush once after this many posts left (None: only at the end), then go on posting
         self.flush_after = list(flush_after) if flush_after is not None else [None] * P
@@ -108,6 +113,10 @@ class DecentralWorld:
         # message counts: round -> kind -> (sent per rank, received per rank)
         self.counts: dict[int, dict] = defaultdict(dict)
         self.heartbeats_sent = 0
+        # liveness messages per rank: heartbeats and failure notices received (handled or not), notices sent
+        self.heartbeats_received = [0] * P
+        self.notices_received = [0] * P
+        self.notices_sent = [0] * P
         self.events = 0
         for j in range(P):
             self._push(self.compute(j, 0), "compute", j, None)
@@ -201,9 +210,15 @@ class DecentralWorld:
 
     def _on_deliver(self, j, item):
         source, msg = item
+        if isinstance(msg, Heartbeat):
+            self.heartbeats_received[j] += 1
+        elif isinstance(msg, Failure):
+            self.notices_received[j] += 1
+        if self.liveness and self.rings[j].failure is None:  # (an engine stops at its first failure)
+            self.rings[j].heard(source, self.now)  # any message is life
+            if isinstance(msg, Failure):
+                self._act(j, self.rings[j].on_notice(source, msg))
         if isinstance(msg, _LIVENESS):
-            if self.liveness:
-                self._act(j, self.rings[j].on_message(self.now, source, msg))
             return
         self._count(msg, "recv", j)
         self._act(j, self.streams[j].on_message(source, msg))
@@ -233,7 +248,9 @@ class DecentralWorld:
                 msg = action.message
                 if isinstance(msg, Heartbeat):
                     self.heartbeats_sent += 1
-                elif not isinstance(msg, Failed):
+                elif isinstance(msg, Failure):
+                    self.notices_sent[j] += 1
+                else:
                     self._count(msg, "sent", j)
                 self._push(self.now + self.rng.uniform(1e-3, self.delay_s), "deliver", action.dest, (j, msg),
                            busy=not isinstance(msg, _LIVENESS))
@@ -241,10 +258,10 @@ class DecentralWorld:
                 self._join(j, action)
             elif isinstance(action, Complete):
                 self._complete(j, action)
-            elif isinstance(action, PeerFailed):
+            elif isinstance(action, Declared):
                 if self.named[j] is None:
-                    self.named[j] = (action.rank, self.now)
-                self._act(j, self.streams[j].fail(RankFailedError(action.rank, action.reason)))
+                    self.named[j] = (action.error.rank, self.now)
+                self._act(j, self.streams[j].fail(action.error))
             else:  # pragma: no cover
                 raise TypeError(action)
 

@@ -24,7 +24,7 @@ from .quorum_window import QuorumWindow
 
 log = logging.getLogger("hvd_partial.transport")
 
-from .tags import TAG_FAILURE, TAG_FROM_COORDINATOR, TAG_HEARTBEAT, TAG_PROTOCOL  # noqa: F401 - re-exported
+from .tags import TAG_FAILURE, TAG_HEARTBEAT, TAG_PROTOCOL  # noqa: F401 - re-exported
 from .tags import URGENT_TAGS as _URGENT_TAGS
 # Sends that had not completed when their transport was freed (after a failure,
 # or a peer that never took them): kept alive for the life of the process.

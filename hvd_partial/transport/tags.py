@@ -2,8 +2,7 @@
 the loopback world name them too)."""
 
 TAG_PROTOCOL = 11  # every message between two ranks' protocol drivers
-TAG_FROM_COORDINATOR = 12  # no longer sent by the engine (one tag keeps the drivers' messages in order)
 TAG_HEARTBEAT = 13
 TAG_FAILURE = 14
 # Messages an idle engine must act on at once: its doorbell is rung after them.
-URGENT_TAGS = frozenset({TAG_PROTOCOL, TAG_FROM_COORDINATOR, TAG_FAILURE})
+URGENT_TAGS = frozenset({TAG_PROTOCOL, TAG_FAILURE})

@@ -544,7 +544,7 @@ elif case == "rung_receive":
     # The transport alone, no engine: the last rank sends rank 0 a control
     # message and rings its doorbell; rank 0, asleep on the bell, must get
     # the message from one receive call (it may need several probes).
-    from hvd_partial.transport.mpi import TAG_FROM_COORDINATOR, MpiTransport
+    from hvd_partial.transport.mpi import TAG_PROTOCOL, MpiTransport
 
     transport = MpiTransport(MPI.COMM_WORLD)
     sender = transport.size - 1
@@ -553,7 +553,7 @@ elif case == "rung_receive":
         transport.barrier()
         if transport.rank == sender:
             time.sleep(0.002)  # rank 0 is asleep on its bell by then
-            transport.send(0, TAG_FROM_COORDINATOR, ("start", i))
+            transport.send(0, TAG_PROTOCOL, ("start", i))
             while transport.progress_sends():
                 pass
         elif transport.rank == 0:
@@ -562,7 +562,7 @@ elif case == "rung_receive":
             in_one_call += bool(got)
             while not got:
                 got = transport.receive()
-            assert got == [(sender, TAG_FROM_COORDINATOR, ("start", i))], got
+            assert got == [(sender, TAG_PROTOCOL, ("start", i))], got
     transport.barrier()
     report({"in_one_call": in_one_call, "of": 60})
     transport.free()

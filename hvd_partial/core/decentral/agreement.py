@@ -12,7 +12,7 @@ of the trees, not a coordinator that hears from every rank.
   that name): every rank's first post to
   ``name`` reports the stream's signature. Each rank compares its children's
   signatures with its own, so the root learns the first two ranks that
-  disagree, if any, and floods ``Rejected(name, reason)``, or else
+  disagree, if any, and floods ``Rejected(reason, name)``, or else
   ``Registered(name, id)``. Ids follow the order in which the root completed
   registrations; they order the streams' communicators on every rank.
 - **A sync stream's k-th flush** (keys ``("begun", id, k)`` and
@@ -192,15 +192,15 @@ class Agreements:
             name = key[1]
             signature, first, mismatch = payload
             if mismatch is not None:
-                return Rejected(name, _disagreement(name, mismatch))
+                return Rejected(_disagreement(name, mismatch), name=name)
             self._next_id += 1
             return Registered(name, self._next_id - 1)
         if kind == "flush":
             return Start(key[1], None, None, flush=True)
         if kind == "leave":
             everyone = frozenset(range(self.size))
-            return tuple(Rejected(name, f"stream {name!r} was posted on ranks {sorted(ranks)} but never on ranks "
-                                        f"{sorted(everyone - ranks)} before shutdown")
+            return tuple(Rejected(f"stream {name!r} was posted on ranks {sorted(ranks)} but never on ranks "
+                                  f"{sorted(everyone - ranks)} before shutdown", name=name)
                          for name, ranks in sorted(payload.items()) if ranks != everyone)
         return Closed()
 

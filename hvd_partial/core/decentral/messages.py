@@ -2,12 +2,19 @@
 
 Plain, picklable dataclasses; the state machine produces and consumes them
 and the driver moves them (or, in tests, an event-driven world does).
+``Rejected`` and the ``Send`` action are those of :mod:`hvd_partial.core.messages`
+(re-exported here: one class each).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from ..messages import Rejected, Send
+
+__all__ = ["Activate", "Gathered", "QuorumMet", "DesignatedParked", "Rejected", "Send", "Defer",
+           "ReleaseActivation", "Join", "Complete"]
 
 
 # rank -> rank ------------------------------------------------------------------
@@ -61,43 +68,9 @@ class DesignatedParked:
     round: int
 
 
-@dataclass(frozen=True)
-class Rejected:
-    """Registration found ranks that disagree on the stream: flooded like an
-    activation; every rank fails its waiter with ``MismatchError(reason)``."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    """Ring liveness: rank ``rank`` is running. ``failed`` carries the first
-    failure it knows of (a :class:`Failed` or None), so that the news also
-    travels around the ring when several ranks are gone."""
-
-    rank: int
-    failed: "Failed | None" = None
-
-
-@dataclass(frozen=True)
-class Failed:
-    """Rank ``rank`` died, hung or was stopped (seen by ``reporter``):
-    flooded over the hypercube, and around the failed rank."""
-
-    rank: int
-    reason: str
-    reporter: int
-
-
 # state machine -> driver -----------------------------------------------------
 # (Actions never leave the rank and are made on every post and completion:
 # plain slotted records, about a third of a frozen dataclass's cost to make.)
-
-@dataclass(slots=True)
-class Send:
-    dest: int
-    message: Any
-
 
 @dataclass(slots=True)
 class Defer:
@@ -139,12 +112,3 @@ class Complete:
     seq: int
     results: list
     error: Exception | None = None
-
-
-@dataclass(frozen=True)
-class PeerFailed:
-    """This rank learned that rank ``rank`` failed: fail every waiter with a
-    :class:`~hvd_partial.errors.RankFailedError` naming it."""
-
-    rank: int
-    reason: str
