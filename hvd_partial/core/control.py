@@ -204,12 +204,12 @@ class DecentralControl:
 
     def awaiting_start(self, sid: int, round_number: int) -> bool:
         machine = self.streams.get(sid)
-        return machine is not None and machine.awaiting_start == round_number
+        return machine is not None and machine.floods.awaiting_start == round_number
 
     def holds_flood(self, sid: int, round_number: int) -> bool:
         """Whether this rank still holds back the flood of that round (else its timer has nothing to do)."""
         machine = self.streams.get(sid)
-        return machine is not None and machine.held_back == round_number
+        return machine is not None and machine.floods.held_back == round_number
 
     @staticmethod
     def release_message(sid: int, round_number: int, everyone_joined: bool = False) -> StreamMessage:

@@ -90,7 +90,7 @@ def watch_quorum_counters(world: DecentralWorld) -> dict:
         if stream.held is not None:
             held_round = stream.held.view.round
         else:  # a balanced round's addition, kept back to the end of the activation delay
-            held_round = stream.deferred_count[0]
+            held_round = stream.tally.deferred_round
             seen["deferred"] += 1
         slot = (owner, held_round % QUORUM_SLOTS)
         assert zeroed_up_to.get(slot, -1) < held_round, \
@@ -99,7 +99,7 @@ def watch_quorum_counters(world: DecentralWorld) -> dict:
         seen["additions"] += 1
 
     def cleared(rank, slot):
-        joined = streams[rank]._last_joined
+        joined = streams[rank].last_joined
         found = rounds_in.pop((rank, slot), set())
         # an addition for a round that the slot's rank has not joined yet is still needed there
         assert all(r <= joined for r in found), f"rank {rank} (joined {joined}) zeroed additions for {found}"
@@ -127,7 +127,7 @@ def watch_quorum_counters(world: DecentralWorld) -> dict:
 
     for stream in streams:
         if stream.quorum is not None:
-            stream.counters = for_rank(stream.rank)(0)
+            stream.tally.counters = for_rank(stream.rank)(0)
     return seen
 
 
@@ -145,7 +145,7 @@ def check_eagerness(world: DecentralWorld):
         laggards = [s.rank for s in streams if s.seq == 0]
     else:
         laggards = [s.rank for s in streams
-                    if not s.flushing and not s.parked and s.taken < c - s.tau + 1 and not s.pending]
+                    if not s.flushing and not s.parking.parked and s.taken < c - s.tau + 1 and not s.pending]
     assert laggards, f"round {c}: ranks {[s.rank for s in waiting]} wait with nothing in flight and no laggard"
     world.eager_checks = getattr(world, "eager_checks", 0) + 1
 

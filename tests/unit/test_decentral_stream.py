@@ -195,7 +195,7 @@ def test_a_quorum_counter_is_zeroed_only_when_no_addition_for_its_round_can_come
     for j in (1, 2, 3):  # round 3: they join; it waits for rank 0
         w.post(j, f"c{j}")
     w.settle()
-    assert w.streams[1]._last_joined == 3 and w.streams[0].held_back == 2
+    assert w.streams[1].last_joined == 3 and w.streams[0].floods.held_back == 2
     w.deliver((0, 0, ReleaseActivation(2)))  # rank 0's delay of round 2 ends: it adds at rank 1
     assert w.counters.values[(0, 1, 2 % QUORUM_SLOTS)] == 1
     for item in late:
@@ -209,7 +209,7 @@ def test_a_quorum_counter_is_zeroed_only_when_no_addition_for_its_round_can_come
         w.post(j, f"d{j}")
     w.settle()
     w.deliver((0, 0, ReleaseActivation(4)))
-    assert w.streams[0].flood_awaits_quorum == 4  # one holder counted, three needed
+    assert w.streams[0].floods.flood_awaits_quorum == 4  # one holder counted, three needed
     for j in (1, 2):
         w.deliver((j, j, ReleaseActivation(4)))
     w.settle()
@@ -237,9 +237,9 @@ def test_a_rank_that_joins_the_next_round_drops_what_it_held_back_for_the_last()
     for j in range(P):  # round 1 (designated rank 3), balanced: rank 0 joins early
         w.post(j, f"a{j}")
     late = w.settle(hold_completions_of=0)
-    assert w.streams[0].held_back == 1 and w.streams[0].deferred_count is not None
+    assert w.streams[0].floods.held_back == 1 and w.streams[0].tally.deferred is not None
     w.act(0, w.streams[0].on_message(1, Activate(2)))
-    assert w.streams[0].held_back is None and w.streams[0].deferred_count is None
+    assert w.streams[0].floods.held_back is None and w.streams[0].tally.deferred is None
     sent = len(w.sent)
     w.deliver((0, 0, ReleaseActivation(1)))  # its delay of round 1 ends: nothing to do
     assert w.counters.additions == 0 and len(w.sent) == sent
