@@ -184,8 +184,7 @@ class DecentralControl:
             counters = self._quorum_counters(self._quorum_streams)
             self._quorum_streams += 1
         machine = DecentralStream(self.rank, self.size, mode.kind, signature.max_staleness, stream.name,
-                                  seed=getattr(mode, "seed", 0), quorum=quorum,
-                                  external_registration=True, posts_need_data=True,
+                                  seed=getattr(mode, "seed", 0), quorum=quorum, posts_need_data=True,
                                   defer_activations=self._defer is not None, counters=counters)
         self.streams[stream.id] = machine
         stream.read_facts = machine.read_facts

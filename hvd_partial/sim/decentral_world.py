@@ -5,9 +5,11 @@ Every message takes a random delay; a round's reduction completes on each
 rank a random moment after the last rank joined it (its value is the list of
 every post summed into it, sorted, and its facts the sum of every rank's);
 a rank's compute takes the time its schedule says, then it posts, or
-flushes once it has no posts left. Ranks can die or be stopped (and resumed)
-at given times; with ``liveness`` every rank also runs its ring heartbeats on
-a periodic tick. With ``park_at``, each rank waits once in a call that needs
+flushes once it has no posts left. A rank's first post registers the
+stream through :class:`~hvd_partial.core.decentral.agreement.Agreements`, as
+in the engine (``signatures``: each rank's, compared there). Ranks can die
+or be stopped (and resumed) at given times; with ``liveness`` every rank
+also runs its ring heartbeats on a periodic tick. With ``park_at``, each rank waits once in a call that needs
 every rank (a barrier, as ``hvd.allreduce`` of a metric at an epoch's end)
 after that many posts, parked, and takes the rounds completed meanwhile
 when every rank has come. The tests check the protocol's guarantees on the
@@ -30,12 +32,15 @@ from typing import Callable
 
 import numpy as np
 
-from ..core.decentral import Complete, DecentralStream, Join, RingLiveness, Send, SharedQuorumCounters
+from ..core.decentral import (AgreementOutcome, AgreementReport, Agreements, Complete, DecentralStream, Join,
+                              RingLiveness, Send, SharedQuorumCounters)
 from ..core.decentral.facts import INITIATED, PARKED
 from ..core.decentral.messages import Failed, Heartbeat, PeerFailed
-from ..errors import RankFailedError
+from ..core.messages import Registered
+from ..errors import MismatchError, RankFailedError
 
 _LIVENESS = (Heartbeat, Failed)
+_AGREEMENT = (AgreementReport, AgreementOutcome)
 
 
 @dataclass
@@ -65,9 +70,11 @@ class DecentralWorld:
         self.compute = compute or (lambda j, step: self.rng.uniform(0.01, 0.2))
         self.quorum_counters = SharedQuorumCounters()
         self.streams = [DecentralStream(j, P, kind, max_staleness, seed=majority_seed, quorum=quorum,
-                                        signature=None if signatures is None else signatures[j],
                                         counters=self.quorum_counters.for_rank(j)(0))
                         for j in range(P)]
+        self.signatures = signatures
+        self.agreements = [Agreements(j, P, lambda dest, msg, j=j: self._act(j, [Send(dest, msg)]),
+                                      lambda decision, j=j: self._on_agreed(j, decision)) for j in range(P)]
         self.liveness = liveness
         self.tick_s = tick_s
         self.rings = [RingLiveness(j, P, heartbeat_s, failure_timeout_s) for j in range(P)] if liveness else None
@@ -177,6 +184,8 @@ class DecentralWorld:
             post_id = len(self.posted)
             self.posted[post_id] = (j, stream.taken)
             self._act(j, stream.post(post_id))
+            if stream.seq == 1:  # the first post registers the stream, as in the engine
+                self.agreements[j].register(stream.name, None if self.signatures is None else self.signatures[j])
         else:
             self._act(j, stream.flush(final=True))
 
@@ -206,7 +215,18 @@ class DecentralWorld:
                 self._act(j, self.rings[j].on_message(self.now, source, msg))
             return
         self._count(msg, "recv", j)
-        self._act(j, self.streams[j].on_message(source, msg))
+        if isinstance(msg, _AGREEMENT):
+            self.agreements[j].on_message(source, msg)
+        else:
+            self._act(j, self.streams[j].on_message(source, msg))
+
+    def _on_agreed(self, j, decision):
+        """Rank ``j`` learned the outcome of the stream's registration."""
+        stream = self.streams[j]
+        if type(decision) is Registered:
+            self._act(j, stream.registered())
+        else:
+            self._act(j, stream.fail(MismatchError(decision.reason)))
 
     def _on_reduced(self, j, item):
         r, value, facts = item
@@ -286,10 +306,14 @@ class DecentralWorld:
         self._push(self.now + self.compute(j, step), "compute", j, None)
 
     def _count(self, msg, direction: str, j: int):
-        per_kind = self.counts[getattr(msg, "round", 0)]  # a rejection belongs to registration, round 0
+        per_kind = self.counts[getattr(msg, "round", 0)]  # registration's messages belong to round 0
         name = type(msg).__name__
         if name == "Gathered":
             name += ":" + msg.kind
+        elif name == "AgreementReport":
+            name += ":" + msg.key[0]
+        elif name == "AgreementOutcome":  # named by what it says: Registered or Rejected
+            name = type(msg.message).__name__
         if name not in per_kind:
             per_kind[name] = (np.zeros(self.P, np.int64), np.zeros(self.P, np.int64))
         per_kind[name][0 if direction == "sent" else 1][j] += 1

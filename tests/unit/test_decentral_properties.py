@@ -57,9 +57,9 @@ def check_counts(world: DecentralWorld, stats: dict):
     H = max_hops(P)
     for r, per_kind in world.counts.items():
         for name, (sent, recv) in per_kind.items():
-            if name in ("Activate", "DesignatedParked"):  # (both hypercube floods)
+            if name in ("Activate", "DesignatedParked", "Registered"):  # (hypercube floods)
                 assert sent.max() <= H and recv.max() <= H, f"P={P} round {r}: {name} {sent.max()}/{recv.max()}"
-            elif name.startswith("Gathered"):
+            elif name.startswith(("Gathered", "AgreementReport")):  # (binomial gathers)
                 assert sent.max() <= 1 and recv.max() <= H, f"P={P} round {r}: {name} {sent.max()}/{recv.max()}"
             elif name == "QuorumMet":
                 designated = designated_initiator(world.streams[0].seed, "stream", r, P)

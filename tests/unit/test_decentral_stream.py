@@ -70,9 +70,11 @@ class Script:
         return self.act(j, self.streams[j].post(payload))
 
     def register(self):
-        """Every rank's first post, and round 0 completed everywhere."""
+        """Every rank's first post, registration agreed (as Agreements would), and round 0 completed everywhere."""
         for j in range(len(self.streams)):
-            self.post(j, f"reg{j}")
+            assert self.post(j, f"reg{j}") == []  # the first post waits for registration
+        for j, s in enumerate(self.streams):
+            self.act(j, s.registered())
         self.settle()
 
     def flush(self, j):
@@ -81,7 +83,8 @@ class Script:
 
 def test_one_rank_posts_reduces_and_takes():
     s = DecentralStream(0, 1, "solo", max_staleness=2)
-    (join,) = s.post("g0")
+    assert s.post("g0") == []  # the first post waits for registration
+    (join,) = s.registered()
     assert isinstance(join, Join) and join.round == 0 and join.contributions == ["g0"]
     (done,) = s.on_reduced(0, ["g0"], join.facts)
     assert done.kind == "post" and done.seq == 1
@@ -97,9 +100,7 @@ def test_one_rank_posts_reduces_and_takes():
 
 def test_two_laggards_at_p3_tau1_are_gathered_to_one_root():
     w = Script(3, "solo", tau=1)
-    for j in range(3):
-        w.post(j, f"reg{j}")
-    w.settle()  # registration: round 0 with everyone
+    w.register()  # registration: round 0 with everyone
     assert [s.completed for s in w.streams] == [1, 1, 1]
     w.post(0, "a1")
     w.settle()  # rank 0 alone starts and fills round 1 (no blockers yet)

@@ -1,6 +1,35 @@
-"""The round a rank would start next, while it is not yet started: its view,
-this rank's part in the round's gathers, and the rule for starting it (the
-rules are in :mod:`.stream`). Pure.
+"""The round ``c`` a rank would start next, while it is not yet started:
+its view, this rank's part in the round's gathers, and the rules for
+starting it. Pure.
+
+- Registration (round 0) is agreed outside the stream
+  (:class:`~.agreement.Agreements`): every rank joins round 0 on that news.
+- Staleness bound: the view names the *blockers*, the training ranks that
+  by the facts may have taken fewer than ``c - tau + 1`` rounds. A blocker is
+  ready once it has posted for round ``c`` or is flushing; the blockers gather
+  to one root (solo: the lowest blocker; majority: the designated
+  initiator). This is the catch-up notice: nobody but the root needs to
+  learn that a laggard caught up, and the root learns it whether the
+  laggard caught up at a post or when a round completed (readiness is
+  checked after every event).
+- Solo: with no blockers, a rank whose post waits for round ``c`` starts it;
+  with blockers, the root starts it once all of them are ready.
+- Majority: the designated initiator ``D`` (a pure function of seed, stream
+  and round) starts round ``c`` when the staleness gather is complete, it
+  holds data (or is flushing: see below), and the quorum holds:
+  ``min(k, ranks still training)`` ranks hold data (:mod:`.quorum`,
+  :mod:`.quorum_tally`). A flushing ``D`` stands in for a post: with a
+  quorum it waits for the quorum like a holder; without one, when the view
+  shows ``D`` flushing (or parked: :mod:`.parking`) and names no blockers,
+  the first rank that holds data starts the round itself; with blockers,
+  ``D`` starts it once they caught up; and a ``D`` that began flushing after
+  the view (nobody knew) starts it at once.
+- Flush: the training ranks of the view gather, each once it is flushing, to
+  the lowest of them, which then starts round ``c``. A round that every rank
+  joined flushing, in the same flush (the facts carry which), is the flush
+  round: its reduced facts say so on every rank alike, so all agree on it
+  whoever started it, and it sums every pending post.
+- A round of balanced training has no gather (:mod:`.held_back`).
 """
 
 from __future__ import annotations
@@ -42,27 +71,20 @@ class HeldRound:
     ``designated``: majority's initiator of the round (None: solo, or registration).
     """
 
-    __slots__ = ("view", "balanced", "designated", "stale", "flush", "flush_made", "signature", "first", "mismatch")
+    __slots__ = ("view", "balanced", "designated", "stale", "flush", "flush_made")
 
     def __init__(self, view: RoundView, balanced: bool, rank: int, designated: int | None = None,
-                 signature=None, only_me: np.ndarray | None = None):
+                 only_me: np.ndarray | None = None):
         self.view = view
         self.balanced = balanced
         self.designated = designated
-        self.stale: Gather | None = None  # registration or staleness gather
+        self.stale: Gather | None = None  # staleness gather
         self.flush: Gather | None = None  # made on first need (see flush_gather)
         self.flush_made = False
-        # registration: the signature of the lowest rank heard of, that rank, and a disagreement found
-        self.signature = signature
-        self.first: int | None = None
-        self.mismatch: tuple | None = None
-        if view.registration:
-            self.stale = Gather.member("register", view.blockers, rank, rank)
-            self.first = rank
-        elif designated is not None:
+        if designated is not None:
             if not balanced:  # (a balanced round has no gather)
                 self.stale = _majority_gather(view, designated, rank, only_me)
-        elif len(view.blockers):
+        elif len(view.blockers) and not view.registration:  # (round 0 starts when registration is agreed)
             self.stale = Gather.member("stale", view.blockers, rank, position_in_sorted(view.blockers, rank))
 
     def flush_gather(self, rank: int, world_size: int) -> Gather | None:
@@ -78,24 +100,16 @@ class HeldRound:
 
     def apply(self, msg: Gathered, rank: int, world_size: int) -> None:
         """A child's report in one of the round's gathers."""
-        gather = self.stale if msg.kind in ("stale", "register") else self.flush_gather(rank, world_size)
+        gather = self.stale if msg.kind == "stale" else self.flush_gather(rank, world_size)
         if gather is None:  # pragma: no cover - a protocol bug
             raise EngineError(f"rank {rank}: {msg} for a gather it is not in")
         gather.child_reported(msg.position)
-        if msg.kind == "register" and self.mismatch is None:
-            if msg.mismatch is not None:
-                self.mismatch = msg.mismatch
-            elif msg.signature != self.signature:
-                self.mismatch = (self.first, self.signature, msg.first, msg.signature)
 
-    def report(self, local: LocalRank, world_size: int, out: list) -> tuple | None:
-        """Mark this rank ready where it is, and send each complete subtree's
-        report up (to ``out``). Returns the disagreement that the registration's
-        root found, if any."""
-        c, holds, stale = self.view.round, bool(local.pending), self.stale
-        if stale is not None and not stale.ready:
-            stale.ready = holds if self.view.registration else (
-                holds or local.stands_in or local.taken >= c - local.tau + 1)  # (caught up by a take after a park)
+    def report(self, local: LocalRank, world_size: int, out: list) -> None:
+        """Mark this rank ready where it is, and send each complete subtree's report up (to ``out``)."""
+        c, stale = self.view.round, self.stale
+        if stale is not None and not stale.ready:  # (caught up by a take after a park, too)
+            stale.ready = bool(local.pending) or local.stands_in or local.taken >= c - local.tau + 1
         if local.flushing:
             flush = self.flush_gather(local.rank, world_size)
             if flush is not None:
@@ -103,22 +117,13 @@ class HeldRound:
         for gather in (stale, self.flush):
             if gather is not None and not gather.reported and gather.complete():
                 gather.reported = True
-                if gather.is_root:
-                    if gather.kind == "register" and self.mismatch is not None:
-                        return self.mismatch
-                elif gather.kind == "register":
-                    out.append(Send(gather.parent, Gathered(c, gather.kind, gather.position, self.signature,
-                                                            self.first, self.mismatch)))
-                else:
+                if not gather.is_root:
                     out.append(Send(gather.parent, Gathered(c, gather.kind, gather.position)))
-        return None
 
     def may_start(self, local: LocalRank, holds: bool, quorum_met: bool | None, designated_parked: bool) -> bool:
         """Whether this rank starts the round now (``quorum_met``: None without a quorum)."""
         view, stale = self.view, self.stale
         stale_done = stale is not None and stale.is_root and stale.reported
-        if view.registration:
-            return stale_done
         if self.flush is not None and self.flush.is_root and self.flush.reported:
             return True  # every rank is flushing: this is the flush round
         d = self.designated

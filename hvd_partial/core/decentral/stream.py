@@ -4,55 +4,33 @@ A pure state machine: it consumes events (a post, a flush, a message from
 another rank, the completion of a round's reduction with its reduced facts)
 and returns actions (:class:`~.messages.Send`, :class:`~.messages.Join`,
 :class:`~.messages.Defer`, :class:`~.messages.Complete`). No MPI, no threads,
-no clocks. Its parts: :class:`~.held_round.HeldRound` (the next round's
-gathers and start rule), :class:`~.quorum_tally.QuorumTally` (majority's
-quorum), :class:`~.held_back.HeldBack` (balanced rounds' held-back floods)
-and :class:`~.parking.Parking` (a rank waiting in a call that needs every rank).
+no clocks.
 
-The rules, for the round ``c`` that this rank would start next (it has
+It decides about round ``c``, the one this rank would start next (it has
 completed round ``c - 1``, so it holds the same :class:`~.facts.RoundView`
-of round ``c`` as every other rank, and has not yet heard that ``c`` started):
+of round ``c`` as every other rank, and has not yet heard that ``c``
+started), through parts of its own (registration, round 0, is agreed
+outside: :meth:`DecentralStream.registered`):
 
-- Registration (round 0): every rank must post once; the ranks gather
-  (binomial convergecast) to rank 0, which starts round 0. The reports carry
-  the stream's signature: rank 0 floods :class:`~.messages.Rejected` instead
-  when two ranks disagree, and every rank fails with ``MismatchError``.
-- Staleness bound: the view names the *blockers*, the training ranks that
-  by the facts may have taken fewer than ``c - tau + 1`` rounds. A blocker is
-  ready once it has posted for round ``c`` or is flushing; the blockers gather
-  to one root (solo: the lowest blocker; majority: the designated
-  initiator), which alone learns that the laggards caught up, at a post or
-  when a round completed (readiness is checked after every event).
-- Solo: with no blockers, a rank whose post waits for round ``c`` starts it;
-  with blockers, the root starts it once all of them are ready.
-- Majority: the designated initiator ``D`` (a pure function of seed, stream
-  and round) starts round ``c`` when the staleness gather is complete, it
-  holds data (or is flushing: see below), and the quorum holds:
-  ``min(k, ranks still training)`` ranks hold data (:mod:`.quorum`).
-  A flushing ``D`` stands in for a post: with a quorum it waits for the
-  quorum like a holder; without one, when the view shows ``D`` flushing
-  and names no blockers, the first rank that holds data starts the round
-  itself; with blockers, ``D`` starts it once they caught up; and a ``D``
-  that began flushing after the view (nobody knew) starts it at once.
-- Flush: the training ranks of the view gather, each once it is flushing, to
-  the lowest of them, which then starts round ``c``. A round that every rank
-  joined flushing, in the same flush (the facts carry which), is the flush
-  round: its reduced facts say so on every rank alike, so all agree on it
-  whoever started it, and it sums every pending post.
-- Parked (:meth:`DecentralStream.park`, :mod:`.parking`): a rank waiting in
-  a call that needs every rank blocks no round and stands in like a flushing
-  one. A rank whose shutdown flushed the stream (``final``) is ``LEFT`` in
-  every later round's facts: it never trains again and is part of every
-  later flush round, so a rank that leaves early never holds up the others.
-- Starting a round, or hearing of it first, floods :class:`~.messages.Activate`
-  over the hypercube (:mod:`hvd_partial.core.activation`); every rank joins
-  each round once, with everything it has posted and not yet contributed.
-  In balanced training the flood is held back (:mod:`.held_back`).
+- :class:`~.held_round.HeldRound`: the round's staleness and flush gathers,
+  and the solo, majority and flush rules for starting it;
+- :class:`~.quorum_tally.QuorumTally`: majority's quorum (:mod:`.quorum`);
+- :class:`~.held_back.HeldBack`: in balanced training, floods held back and
+  majority's early joins;
+- :class:`~.parking.Parking`: a rank waiting in a call that needs every rank.
+
+Starting a round, or hearing of it first, floods :class:`~.messages.Activate`
+over the hypercube (:mod:`hvd_partial.core.activation`); every rank joins
+each round once, with everything it has posted and not yet contributed. A
+rank whose shutdown flushed the stream (``final``) is ``LEFT`` in every
+later round's facts: it never trains again and is part of every later flush
+round, so a rank that leaves early never holds up the others' flushes.
 
 Example::
 
     s = DecentralStream(rank=0, world_size=1, kind="solo", max_staleness=2)
-    s.post("g0")   # -> [Join(round=0, contributions=["g0"], facts=...)]
+    s.post("g0")     # -> []  (the first post waits for registration)
+    s.registered()   # -> [Join(round=0, contributions=["g0"], facts=...)]
 """
 
 from __future__ import annotations
@@ -62,15 +40,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import EngineError, MismatchError, StreamConflictError
+from ...errors import EngineError, StreamConflictError
 from ...modes import DesignatedInitiators
 from ..activation import Activation
 from ..round_result import RoundResult, any_data
 from .facts import FLUSHING, INITIATED, KNOWN_TAKEN, LEFT, PARKED, STALENESS, RoundView, empty_facts, round_facts
 from .held_back import HeldBack
 from .held_round import HeldRound
-from .messages import (Activate, Complete, DesignatedParked, Gathered, Join, QuorumMet, Rejected, ReleaseActivation,
-                       Send)
+from .messages import Activate, Complete, DesignatedParked, Gathered, Join, QuorumMet, ReleaseActivation, Send
 from .parking import Parking
 from .quorum import QuorumCounters, SharedQuorumCounters
 from .quorum_tally import QuorumTally
@@ -90,23 +67,18 @@ class DecentralStream:
     ``kind`` is ``"solo"`` or ``"majority"``; ``seed`` and ``quorum`` are
     majority's, and with a quorum on more than one rank, ``counters`` are the
     stream's :class:`~.quorum.QuorumCounters` as this rank sees them.
-    ``external_registration``: registration is agreed by someone else (no
-    registration gather; round 0 starts at :meth:`registered`).
     ``posts_need_data``: a round nobody contributed to does not answer a post
     (the framework adapters expect a post's rounds to bring data).
     ``defer_activations``: the host holds the floods of balanced rounds back.
     """
 
     def __init__(self, rank: int, world_size: int, kind: str, max_staleness: int, name: str = "stream",
-                 seed: int = 0, quorum: int | None = None, signature=None, external_registration: bool = False,
-                 posts_need_data: bool = False, defer_activations: bool = False,
-                 counters: QuorumCounters | None = None):
+                 seed: int = 0, quorum: int | None = None, posts_need_data: bool = False,
+                 defer_activations: bool = False, counters: QuorumCounters | None = None):
         if kind not in ("solo", "majority"):
             raise ValueError(f"decentralized rounds are for solo and majority streams, not {kind!r}")
         self.rank, self.world_size, self.kind, self.tau, self.name = rank, world_size, kind, max_staleness, name
         self.seed, self.quorum = seed, quorum
-        self.signature = signature  # compared across ranks at registration (equality)
-        self.external_registration = external_registration
         self.posts_need_data = posts_need_data
         self.stats = StreamStats()
         self._initiators = DesignatedInitiators(seed, name, world_size)
@@ -227,9 +199,6 @@ class DecentralStream:
             return [Send(n, msg) for n in sends] + [self.join(msg.round, initiated=False)] + self._progress()
         if kind is ReleaseActivation:
             return self.floods.on_release(msg)
-        if kind is Rejected:
-            return [Send(n, msg) for n in self.activation.neighbours if n != source] + self.fail(
-                MismatchError(msg.reason))
         if kind is DesignatedParked:
             return self._on_designated_parked(source, msg)
         if kind is QuorumMet:
@@ -246,10 +215,10 @@ class DecentralStream:
         return self._progress()
 
     def registered(self) -> list:
-        """Registration was agreed outside this stream (every rank posted once
-        and all agree on the stream): every rank joins round 0 on that news."""
-        if not self.external_registration or self.activation.latest >= 0:  # pragma: no cover - a caller's bug
-            raise EngineError(f"rank {self.rank}: stream {self.name!r} registered twice or by two means")
+        """Registration was agreed (every rank posted once and all agree on
+        the stream: :class:`~.agreement.Agreements`): every rank joins round 0 on that news."""
+        if self.activation.latest >= 0:  # pragma: no cover - a caller's bug
+            raise EngineError(f"rank {self.rank}: stream {self.name!r} registered twice")
         self.activation.start(0)  # every rank learns it alike: nothing to flood
         return [self.join(0, initiated=False)] + self._progress()
 
@@ -344,8 +313,7 @@ class DecentralStream:
             self.parking.begin(view.round)
             if self.tally is not None:
                 self.tally.begin(view, designated)
-        held = self.held = HeldRound(view, self.floods.balanced(view), self.rank, designated, self.signature,
-                                     self._only_me)
+        held = self.held = HeldRound(view, self.floods.balanced(view), self.rank, designated, self._only_me)
         if self.early:  # (rarely: notices that came before this rank completed the round before)
             for source, msg in self.early.pop(view.round, []):
                 self._apply(held, source, msg)
@@ -371,12 +339,10 @@ class DecentralStream:
         if held.balanced:
             return self.floods.progress(held, self)
         view = held.view
-        if view.registration and self.external_registration:
-            return []
+        if view.registration:
+            return []  # round 0 starts at registered()
         out: list = []
-        mismatch = held.report(self, self.world_size, out)
-        if mismatch is not None:
-            return out + self._reject(mismatch)
+        held.report(self, self.world_size, out)
         holds, d, tally = bool(self.pending), held.designated, self.tally
         if d is not None:
             if tally is not None:
@@ -386,7 +352,7 @@ class DecentralStream:
         if held.may_start(self, holds, None if tally is None else tally.met, self.parking.designated_parked):
             sends = self.activation.start(view.round)
             out += [Send(n, Activate(view.round)) for n in sends]
-            out.append(self.join(view.round, initiated=not view.registration))
+            out.append(self.join(view.round, initiated=True))
         return out
 
     def _on_designated_parked(self, source: int, msg: DesignatedParked) -> list:
@@ -410,14 +376,6 @@ class DecentralStream:
         if cached[0] != round_number:
             cached = self._designated_cache = (round_number, self._initiators(round_number))
         return cached[1]
-
-    def _reject(self, mismatch: tuple) -> list:
-        """Registration found two ranks that disagree: tell everyone, and fail."""
-        a, sig_a, b, sig_b = mismatch
-        diffs = sig_a.differences(sig_b) if hasattr(sig_a, "differences") else [f"{sig_a!r} vs {sig_b!r}"]
-        reason = f"ranks disagree on stream {self.name!r}: rank {b} differs from rank {a} in " + "; ".join(diffs)
-        msg = Rejected(reason)
-        return [Send(n, msg) for n in self.activation.neighbours] + self.fail(MismatchError(reason))
 
     def _take(self) -> list:
         out = list(self.results)
