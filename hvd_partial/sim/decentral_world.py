@@ -7,7 +7,9 @@ every post summed into it, sorted, and its facts the sum of every rank's);
 a rank's compute takes the time its schedule says, then it posts, or
 flushes once it has no posts left. A rank's first post registers the
 stream through :class:`~hvd_partial.core.decentral.agreement.Agreements`, as
-in the engine (``signatures``: each rank's, compared there). Ranks can die
+in the engine (``signatures``: each rank's, compared there). Each rank's
+posts and results are kept by a :class:`~.post_ledger.PostLedger`, as the
+engine's rank stream keeps them, which the rank's stream machine reads. Ranks can die
 or be stopped (and resumed) at given times; with ``liveness`` every rank
 also runs its ring heartbeats on a periodic tick. With ``park_at``, each rank waits once in a call that needs
 every rank (a barrier, as ``hvd.allreduce`` of a metric at an epoch's end)
@@ -37,7 +39,9 @@ from ..core.decentral import (AgreementOutcome, AgreementReport, Agreements, Com
 from ..core.decentral.facts import INITIATED, PARKED
 from ..core.decentral.messages import Failed, Heartbeat, PeerFailed
 from ..core.messages import Registered
+from ..core.round_result import RoundResult
 from ..errors import MismatchError, RankFailedError
+from .post_ledger import PostLedger
 
 _LIVENESS = (Heartbeat, Failed)
 _AGREEMENT = (AgreementReport, AgreementOutcome)
@@ -69,8 +73,9 @@ class DecentralWorld:
         self.delay_s = delay_s
         self.compute = compute or (lambda j, step: self.rng.uniform(0.01, 0.2))
         self.quorum_counters = SharedQuorumCounters()
-        self.streams = [DecentralStream(j, P, kind, max_staleness, seed=majority_seed, quorum=quorum,
-                                        counters=self.quorum_counters.for_rank(j)(0))
+        self.ledgers = [PostLedger() for _ in range(P)]  # each rank's posts and results
+        self.streams = [DecentralStream(j, P, kind, max_staleness, self.ledgers[j], seed=majority_seed,
+                                        quorum=quorum, counters=self.quorum_counters.for_rank(j)(0))
                         for j in range(P)]
         self.signatures = signatures
         self.agreements = [Agreements(j, P, lambda dest, msg, j=j: self._act(j, [Send(dest, msg)]),
@@ -161,7 +166,7 @@ class DecentralWorld:
         return self
 
     def _on_compute(self, j, _):
-        stream = self.streams[j]
+        stream, ledger = self.streams[j], self.ledgers[j]
         if stream.failure is not None:
             return
         if self.park_at[j] is not None and self.posts_left[j] == self.park_at[j]:
@@ -178,15 +183,18 @@ class DecentralWorld:
         elif self.flush_after[j] is not None and self.posts_left[j] == self.flush_after[j]:
             self.flush_after[j] = None  # a flush in the middle of training
             self.flushes_left[j] += 1
+            ledger.flush()
             self._act(j, stream.flush())
         elif self.posts_left[j] > 0:
             self.posts_left[j] -= 1
             post_id = len(self.posted)
-            self.posted[post_id] = (j, stream.taken)
-            self._act(j, stream.post(post_id))
-            if stream.seq == 1:  # the first post registers the stream, as in the engine
+            self.posted[post_id] = (j, ledger.taken)
+            done = ledger.post(post_id)  # (the ledger first, as the engine's rank stream: the machine reads it)
+            self._act(j, ([] if done is None else [done]) + stream.post())
+            if ledger.seq == 1:  # the first post registers the stream, as in the engine
                 self.agreements[j].register(stream.name, None if self.signatures is None else self.signatures[j])
         else:
+            ledger.flush()
             self._act(j, stream.flush(final=True))
 
     def _on_unpark(self, j, _):
@@ -201,8 +209,9 @@ class DecentralWorld:
 
     def _take_after_barrier(self, j):
         self.to_take.discard(j)
-        taken, actions = self.streams[j].take()
-        self._act(j, actions)
+        taken = self.ledgers[j].take()
+        if taken:  # (as the engine's driver: the machine hears of a take that took something)
+            self._act(j, self.streams[j].took())
         self.parked_takes += len(taken)
         if self.keep_results or j == 0:
             self.taken[j].extend(taken)
@@ -222,15 +231,24 @@ class DecentralWorld:
 
     def _on_agreed(self, j, decision):
         """Rank ``j`` learned the outcome of the stream's registration."""
-        stream = self.streams[j]
         if type(decision) is Registered:
-            self._act(j, stream.registered())
+            self._act(j, self.streams[j].registered())
         else:
-            self._act(j, stream.fail(MismatchError(decision.reason)))
+            self._fail(j, MismatchError(decision.reason))
+
+    def _fail(self, j, error):
+        self.streams[j].fail(error)
+        done = self.ledgers[j].fail(error)
+        if done is not None:
+            self._act(j, [done])
 
     def _on_reduced(self, j, item):
         r, value, facts = item
-        self._act(j, self.streams[j].on_reduced(r, value, facts))
+        stream = self.streams[j]
+        row, initiator, flush = stream.read_facts(facts)
+        result = RoundResult(r, initiator, array=value, flush=flush, staleness_row=row)
+        done = self.ledgers[j].complete(result)  # (the ledger first, as the engine's rank stream)
+        self._act(j, ([] if done is None else [done]) + stream.on_reduced(r, facts, result))
         if j in self.to_take and self.streams[j].take_ready:
             self._take_after_barrier(j)
 
@@ -264,7 +282,7 @@ class DecentralWorld:
             elif isinstance(action, PeerFailed):
                 if self.named[j] is None:
                     self.named[j] = (action.rank, self.now)
-                self._act(j, self.streams[j].fail(RankFailedError(action.rank, action.reason)))
+                self._fail(j, RankFailedError(action.rank, action.reason))
             else:  # pragma: no cover
                 raise TypeError(action)
 
@@ -279,7 +297,7 @@ class DecentralWorld:
         if part is None:  # [ranks joined, posts summed, facts summed]
             part = self.joins[join.round] = [0, [], np.zeros_like(join.facts)]
         part[0] += 1
-        part[1].extend(join.contributions)
+        part[1].extend(self.ledgers[j].join())
         np.add(part[2], join.facts, out=part[2])
         if part[0] < self.P:
             return

@@ -136,16 +136,16 @@ def check_eagerness(world: DecentralWorld):
     exact staleness rule holds the next round back (some training rank has
     taken fewer than c - tau + 1 rounds and holds no data for round c)."""
     streams = world.streams
-    waiting = [s for s in streams if s.waiter is not None and s.waiter[0] == "post"]
+    waiting = [s for s in streams if s.data.waiter is not None and s.data.waiter.kind == "post"]
     if not waiting or not all(world.alive):
         return
     c = streams[0].completed
     assert all(s.completed == c and s.activation.latest == c - 1 for s in streams)
     if c == 0:  # registration: round 0 waits for every rank's first post
-        laggards = [s.rank for s in streams if s.seq == 0]
+        laggards = [s.rank for s in streams if s.data.seq == 0]
     else:
         laggards = [s.rank for s in streams
-                    if not s.flushing and not s.parking.parked and s.taken < c - s.tau + 1 and not s.pending]
+                    if not s.flushing and not s.parking.parked and s.data.taken < c - s.tau + 1 and not s.data.pending]
     assert laggards, f"round {c}: ranks {[s.rank for s in waiting]} wait with nothing in flight and no laggard"
     world.eager_checks = getattr(world, "eager_checks", 0) + 1
 
@@ -166,14 +166,14 @@ def check_consistency(world: DecentralWorld, ranks) -> list:
 def check_guarantees(world: DecentralWorld, spec: dict):
     P, tau, kind = world.P, spec["max_staleness"], spec["kind"]
     for j in range(P):
-        assert world.done[j], (f"deadlock: rank {j} never finished (waiter {world.streams[j].waiter}, "
+        assert world.done[j], (f"deadlock: rank {j} never finished (waiter {world.ledgers[j].waiter}, "
                                f"completed {world.streams[j].completed}, heard {world.streams[j].activation.latest})")
     rounds = check_consistency(world, range(P))
     # Conservation: every post summed into exactly one round.
     summed = [p for res in rounds for p in res.array]
     assert sorted(summed) == list(range(len(world.posted))), "a post was lost or counted twice"
     # Flush: the last round is the flush round, and nothing is left pending.
-    assert rounds[-1].flush and all(not s.pending for s in world.streams)
+    assert rounds[-1].flush and all(not ledger.pending for ledger in world.ledgers)
     assert all(not s.early for s in world.streams), "notices kept for rounds that started"
     for res in rounds:
         owners = sorted({world.posted[p][0] for p in res.array})

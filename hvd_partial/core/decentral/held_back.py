@@ -76,16 +76,17 @@ class HeldBack:
         is started, held back, at once by whoever may start it (with a
         quorum, the designated rank once the quorum is met). A flushing rank
         joins it too, without the flush gather."""
-        waiter, c, tally, parking = local.waiter, held.view.round, self.tally, self.parking
+        waiter, pending = local.data.waiter, local.data.pending
+        c, tally, parking = held.view.round, self.tally, self.parking
         out: list = []
         if self.solo:
             if waiter is None:  # pending data with no post waiting: another rank's round takes it
                 return []
             out = self._hold_back(c, local)
         elif held.designated == self.rank:
-            if not local.pending and not local.stands_in:
+            if not pending and not local.stands_in:
                 return out
-            holds = bool(local.pending)
+            holds = bool(pending)
             if ((tally is None and parking.must_tell(self.rank, holds, held.view))
                     or (parking.parked and tally is not None and not tally.met)):
                 # parked, with nothing to post: start nothing; the holders start it (told so,
@@ -98,17 +99,17 @@ class HeldBack:
             if tally is not None and not parking.parked:
                 tally.keep_back(holds, local.stands_in)
             out += self._hold_back(c, local)
-        elif (waiter is not None and local.pending and waiter[0] == "post" and parking.designated_parked
+        elif (waiter is not None and pending and waiter.kind == "post" and parking.designated_parked
               and tally is None):
             out += self._hold_back(c, local)  # the designated rank is parked: start it, as solo does
-        elif waiter is not None and ((local.pending and waiter[0] == "post") or local.flushing):
+        elif waiter is not None and ((pending and waiter.kind == "post") or local.flushing):
             if tally is not None:
-                tally.keep_back(bool(local.pending), local.stands_in)
+                tally.keep_back(bool(pending), local.stands_in)
                 out.append(Defer(c))
             out += self._join_early(c, local)
         else:
             if tally is not None:  # holds data, nobody waits for it: count it now
-                tally.count(bool(local.pending), local.stands_in, out)
+                tally.count(bool(pending), local.stands_in, out)
             return out
         if local.flushing:
             self.stats.joined_at_flush += 1

@@ -34,7 +34,7 @@ starting it. Pure.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -44,14 +44,30 @@ from .gather import Gather, position_in_sorted
 from .messages import Gathered, Join, Send
 
 
+class PendingPost(Protocol):
+    computed_for: int  # rounds taken when it was posted
+
+
+class Waiting(Protocol):
+    kind: str  # "post" or "flush"
+
+
+class RankData(Protocol):
+    """This rank's posts to the stream, as their owner keeps them
+    (:class:`~hvd_partial.core.rank_stream.RankStream` in the engine): the
+    decisions read them and never change them."""
+
+    taken: int  # rounds taken
+    pending: Sequence[PendingPost]  # posts not yet contributed, oldest first: this rank holds data
+    waiter: Waiting | None  # the post or flush waiting for rounds
+
+
 class LocalRank(Protocol):
     """What the round rules read of this rank's side of the stream, and how it joins a round."""
 
     rank: int
     tau: int
-    taken: int
-    pending: list  # posts not yet contributed: this rank holds data while there are any
-    waiter: tuple[str, int] | None  # ("post" | "flush", seq)
+    data: RankData
     flushing: bool
     left: bool
 
@@ -109,7 +125,7 @@ class HeldRound:
         """Mark this rank ready where it is, and send each complete subtree's report up (to ``out``)."""
         c, stale = self.view.round, self.stale
         if stale is not None and not stale.ready:  # (caught up by a take after a park, too)
-            stale.ready = bool(local.pending) or local.stands_in or local.taken >= c - local.tau + 1
+            stale.ready = bool(local.data.pending) or local.stands_in or local.data.taken >= c - local.tau + 1
         if local.flushing:
             flush = self.flush_gather(local.rank, world_size)
             if flush is not None:
@@ -129,7 +145,8 @@ class HeldRound:
         d = self.designated
         if d is None:  # solo
             if stale is None and not len(view.blockers):
-                return local.waiter is not None and local.waiter[0] == "post"  # a waiting post starts it
+                waiter = local.data.waiter
+                return waiter is not None and waiter.kind == "post"  # a waiting post starts it
             return stale_done
         if d != local.rank:
             # Everyone knows the designated initiator is flushing, and no quorum is set: it stands

@@ -120,13 +120,12 @@ class ReleaseActivation:
 
 @dataclass(slots=True)
 class Join:
-    """Start this rank's part of round ``round``'s reduction: sum
-    ``contributions`` (the payloads of this rank's pending posts, possibly
-    none) over all ranks, and ``facts`` (an int64 array with this rank's
-    column filled, zeros elsewhere) with them; then call ``on_reduced``."""
+    """Start this rank's part of round ``round``'s reduction: sum this rank's
+    pending posts (possibly none) over all ranks, and ``facts`` (an int64
+    array with this rank's column filled, zeros elsewhere) with them; then
+    call ``on_reduced``."""
 
     round: int
-    contributions: list
     facts: Any
 
 

@@ -1,10 +1,13 @@
 """One rank's side of one solo or majority stream, without a coordinator.
 
-A pure state machine: it consumes events (a post, a flush, a message from
-another rank, the completion of a round's reduction with its reduced facts)
-and returns actions (:class:`~.messages.Send`, :class:`~.messages.Join`,
-:class:`~.messages.Defer`, :class:`~.messages.Complete`). No MPI, no threads,
-no clocks.
+A pure state machine that only decides: it consumes events (a post, a
+flush, a message from another rank, the completion of a round's reduction
+with its reduced facts) and returns actions (:class:`~.messages.Send`,
+:class:`~.messages.Join`, :class:`~.messages.Defer`). No MPI, no threads, no
+clocks. The rank's posts and results belong to their owner
+(:class:`~.held_round.RankData`: the rank's
+:class:`~hvd_partial.core.rank_stream.RankStream` in the engine), which the
+machine reads and which hears of each event first.
 
 It decides about round ``c``, the one this rank would start next (it has
 completed round ``c - 1``, so it holds the same :class:`~.facts.RoundView`
@@ -28,37 +31,27 @@ round, so a rank that leaves early never holds up the others' flushes.
 
 Example::
 
-    s = DecentralStream(rank=0, world_size=1, kind="solo", max_staleness=2)
-    s.post("g0")     # -> []  (the first post waits for registration)
-    s.registered()   # -> [Join(round=0, contributions=["g0"], facts=...)]
+    s = DecentralStream(rank=0, world_size=1, kind="solo", max_staleness=2, data=rank_stream)
+    s.post()         # -> []  (rank_stream holds the post; the first waits for registration)
+    s.registered()   # -> [Join(round=0, facts=...)]
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass
-
 import numpy as np
 
-from ...errors import EngineError, StreamConflictError
+from ...errors import EngineError
 from ...modes import DesignatedInitiators
 from ..activation import Activation
-from ..round_result import RoundResult, any_data
+from ..round_result import RoundResult
 from .facts import FLUSHING, INITIATED, KNOWN_TAKEN, LEFT, PARKED, STALENESS, RoundView, empty_facts, round_facts
 from .held_back import HeldBack
-from .held_round import HeldRound
-from .messages import Activate, Complete, DesignatedParked, Gathered, Join, QuorumMet, ReleaseActivation, Send
+from .held_round import HeldRound, RankData
+from .messages import Activate, DesignatedParked, Gathered, Join, QuorumMet, ReleaseActivation, Send
 from .parking import Parking
 from .quorum import QuorumCounters, SharedQuorumCounters
 from .quorum_tally import QuorumTally
 from .stats import StreamStats
-
-
-@dataclass(slots=True)
-class _Pending:
-    seq: int
-    computed_for: int
-    payload: object
 
 
 class DecentralStream:
@@ -67,19 +60,17 @@ class DecentralStream:
     ``kind`` is ``"solo"`` or ``"majority"``; ``seed`` and ``quorum`` are
     majority's, and with a quorum on more than one rank, ``counters`` are the
     stream's :class:`~.quorum.QuorumCounters` as this rank sees them.
-    ``posts_need_data``: a round nobody contributed to does not answer a post
-    (the framework adapters expect a post's rounds to bring data).
+    ``data``: this rank's posts, as their owner keeps them.
     ``defer_activations``: the host holds the floods of balanced rounds back.
     """
 
-    def __init__(self, rank: int, world_size: int, kind: str, max_staleness: int, name: str = "stream",
-                 seed: int = 0, quorum: int | None = None, posts_need_data: bool = False,
-                 defer_activations: bool = False, counters: QuorumCounters | None = None):
+    def __init__(self, rank: int, world_size: int, kind: str, max_staleness: int, data: RankData,
+                 name: str = "stream", seed: int = 0, quorum: int | None = None, defer_activations: bool = False,
+                 counters: QuorumCounters | None = None):
         if kind not in ("solo", "majority"):
             raise ValueError(f"decentralized rounds are for solo and majority streams, not {kind!r}")
         self.rank, self.world_size, self.kind, self.tau, self.name = rank, world_size, kind, max_staleness, name
-        self.seed, self.quorum = seed, quorum
-        self.posts_need_data = posts_need_data
+        self.seed, self.quorum, self.data = seed, quorum, data
         self.stats = StreamStats()
         self._initiators = DesignatedInitiators(seed, name, world_size)
         self._designated_cache = (-1, -1)
@@ -92,10 +83,7 @@ class DecentralStream:
         self.parking = Parking(rank, self.activation.neighbours)
         self.floods = HeldBack(rank, world_size, kind, defer_activations, self.activation, self.stats, self.tally,
                                self.parking)
-        self.pending: list[_Pending] = []
-        self.seq = self.taken = self.completed = 0
-        self.results: deque[RoundResult] = deque()
-        self.waiter: tuple[str, int] | None = None  # ("post" | "flush", seq)
+        self.completed = 0  # rounds completed here
         self.flushing = False
         self.left = False  # shutdown flushed the stream: this rank posts to it no more
         self.flushes = 0  # flush calls made
@@ -107,37 +95,27 @@ class DecentralStream:
         self.early: dict[int, list] = {}  # round -> messages for it that came before its view
         self.last_joined = -1
         self._only_me = np.array([rank])  # the steady state's majority gather, at its designated rank
-        self._flush_results: list = []
         self._hold(self.view)
 
     # -- compute-thread requests ------------------------------------------------------
 
-    def post(self, payload) -> list:
-        """Post a contribution; its ``Complete`` comes now or when a round completes."""
-        self._check_idle("post")
+    def post(self) -> list:
+        """This rank posted (its data now holds the post, and its waiter, if no round already answered it)."""
+        if self.failure is not None:
+            raise self.failure
         self.parking.parked = False  # (another thread of the rank trains while one waits in a collective)
-        self.seq += 1
-        self.pending.append(_Pending(self.seq, self.taken, payload))
-        out: list = []
-        if self.completed > self.taken and (not self.posts_need_data or any_data(self.results)):
-            out.append(Complete("post", self.seq, self._take()))
-        else:
-            self.waiter = ("post", self.seq)
-        return out + self._progress()
+        return self._progress()
 
     def flush(self, final: bool = False) -> list:
-        """Stop training until the flush round, which sums every pending post;
-        ``final`` (shutdown's flush): this rank posts no more, and takes part
-        in every later flush round as well."""
-        self._check_idle("flush")
-        if self.seq == 0:
-            raise StreamConflictError(f"stream {self.name!r}: rank {self.rank} flushed before its first post")
+        """This rank stops training until the flush round, which sums every
+        pending post; ``final`` (shutdown's flush): it posts no more, and takes
+        part in every later flush round as well."""
+        if self.failure is not None:
+            raise self.failure
         self.parking.parked = False
         self.left = self.left or final
         self.flushing = True
         self.flushes += 1
-        self.waiter = ("flush", self.seq)
-        self._flush_results = self._take()
         return self._progress()
 
     def park(self) -> list:
@@ -146,7 +124,7 @@ class DecentralStream:
         stream in progress, it blocks no round and stands in for majority's
         initiator until :meth:`unpark`. Rounds completed meanwhile stay to be
         taken: the host applies them before the rank computes again."""
-        if self.waiter is not None or self.flushing or self.left or self.failure is not None or self.tau == 0:
+        if self.data.waiter is not None or self.flushing or self.left or self.failure is not None or self.tau == 0:
             return []  # (tau = 0 is synchronous: every round waits for every rank, parked or not)
         self.parking.parked = True
         return self._progress()
@@ -164,26 +142,14 @@ class DecentralStream:
         so the host takes them before the rank's next gradient."""
         return self.parking.take_ready(self.completed) or self.failure is not None
 
-    def take(self) -> tuple[list, list]:
-        """The rounds completed and not yet taken, taken now (none while a
-        post or flush waits), and the actions that follow: a blocker that took
-        enough rounds so has caught up."""
-        if self.waiter is not None:
-            return [], []
-        results = self._take()
-        return results, self._progress(took=bool(results))
+    def took(self) -> list:
+        """This rank took completed rounds outside a post: a blocker that took enough rounds so has caught up."""
+        return self._progress(took=True)
 
     @property
     def stands_in(self) -> bool:
         """This rank starts rounds without posting (flushing, parked or left), as majority's initiator may."""
         return self.flushing or self.parking.parked or self.left
-
-    def _check_idle(self, what: str):
-        if self.failure is not None:
-            raise self.failure
-        if self.waiter is not None:
-            raise StreamConflictError(f"stream {self.name!r} already has a {self.waiter[0]} in progress on "
-                                      f"rank {self.rank}; cannot {what}")
 
     # -- engine events ------------------------------------------------------------------
 
@@ -231,54 +197,33 @@ class DecentralStream:
             initiator = self._designated(self.completed)
         return row, initiator, flush
 
-    def on_reduced(self, round_number: int, value, facts: np.ndarray, result: RoundResult | None = None) -> list:
-        """Round ``round_number`` completed on this rank with the summed
-        ``value`` and the reduced ``facts`` (``result``: the round's result,
-        when the driver already read it from the facts)."""
+    def on_reduced(self, round_number: int, facts: np.ndarray, result: RoundResult) -> list:
+        """Round ``round_number`` completed on this rank with the reduced
+        ``facts``; ``result`` is the round's, read from them (:meth:`read_facts`)."""
         if self.failure is not None:
             return []
         if round_number != self.completed:
             raise EngineError(f"rank {self.rank}: round {round_number} completed, expected {self.completed}")
-        if result is None:
-            row, initiator, flush = self.read_facts(facts)
-            result = RoundResult(round_number, initiator, array=value, flush=flush, staleness_row=row)
         flush = result.flush
         self.floods.completed(round_number, flush or result.contributor_count == self.world_size)
         if flush:
             self.flushes_done += 1
             self.last_flush_round = round_number
-        self.results.append(result)
+            self.flushing = False  # (the flush round answers this rank's flush, if any)
         self.completed += 1
-        out: list = []
-        if self.waiter is not None:
-            kind, seq = self.waiter
-            if kind == "post":
-                if not self.posts_need_data or result.has_data or flush:
-                    self.waiter = None
-                    out.append(Complete("post", seq, self._take()))
-            elif flush:
-                self.waiter = None
-                self.flushing = False
-                out.append(Complete("flush", seq, self._flush_results + self._take()))
         self.view = RoundView.after(round_number, facts, self.tau, self.flushes_done, self.last_flush_round)
         if self.view.round > self.activation.latest:
             self._hold(self.view)
-        return out + self._progress()
+        return self._progress()
 
-    def fail(self, error: Exception) -> list:
-        """The world failed (a rank died): wake the waiter with ``error``."""
-        if self.failure is not None:
-            return []
-        self.failure = error
-        self.floods.fail()
-        if self.waiter is None:
-            return []
-        kind, seq = self.waiter
-        self.waiter = None
-        return [Complete(kind, seq, [], error)]
+    def fail(self, error: Exception) -> None:
+        """The world failed (a rank died): decide nothing more (the data's owner wakes its waiter)."""
+        if self.failure is None:
+            self.failure = error
+            self.floods.fail()
 
     def join(self, r: int, initiated: bool) -> Join:
-        """This rank joins round ``r`` with everything posted and not yet contributed, and its facts."""
+        """This rank joins round ``r`` with everything posted and not yet contributed: its facts say so."""
         if r != self.last_joined + 1:  # pragma: no cover - a protocol bug
             raise EngineError(f"rank {self.rank}: joins round {r} after {self.last_joined}")
         self.last_joined = r
@@ -286,12 +231,11 @@ class DecentralStream:
         if self.tally is not None:
             self.tally.joined(r)
         facts = empty_facts(self.world_size)
-        me = self.rank
-        items, self.pending = self.pending, []
-        if items:
-            facts[STALENESS, me] = 1 + r - items[0].computed_for
-        waiting = self.waiter is not None and self.waiter[0] == "post"
-        facts[KNOWN_TAKEN, me] = self.taken + (1 if waiting else 0)
+        me, data = self.rank, self.data
+        if data.pending:
+            facts[STALENESS, me] = 1 + r - data.pending[0].computed_for
+        waiter = data.waiter
+        facts[KNOWN_TAKEN, me] = data.taken + (1 if waiter is not None and waiter.kind == "post" else 0)
         facts[FLUSHING, me] = LEFT if self.left else (self.flushes if self.flushing else 0)
         facts[INITIATED, me] = 1 if initiated else 0
         if self.parking.joined(r):
@@ -301,7 +245,7 @@ class DecentralStream:
         if self.early:
             for early in [k for k in self.early if k <= r]:  # notices for a round that has started
                 del self.early[early]
-        return Join(r, [item.payload for item in items], facts)
+        return Join(r, facts)
 
     # -- the rules ----------------------------------------------------------------------
 
@@ -329,8 +273,8 @@ class DecentralStream:
             raise EngineError(f"rank {self.rank}: unexpected message {msg!r}")
 
     def _progress(self, took: bool = False) -> list:
-        held = self.held
-        if not self.pending and self.waiter is None and not self.stands_in and not took:
+        held, data = self.held, self.data
+        if not data.pending and data.waiter is None and not self.stands_in and not took:
             stale = held.stale if held is not None else None
             if stale is None or not stale.ready or stale.reported:  # (ready by a take: its gather goes on)
                 return []  # (most completions) every gather, notice and start below needs one of these
@@ -343,7 +287,7 @@ class DecentralStream:
             return []  # round 0 starts at registered()
         out: list = []
         held.report(self, self.world_size, out)
-        holds, d, tally = bool(self.pending), held.designated, self.tally
+        holds, d, tally = bool(data.pending), held.designated, self.tally
         if d is not None:
             if tally is not None:
                 tally.count(holds, self.stands_in, out)
@@ -376,9 +320,3 @@ class DecentralStream:
         if cached[0] != round_number:
             cached = self._designated_cache = (round_number, self._initiators(round_number))
         return cached[1]
-
-    def _take(self) -> list:
-        out = list(self.results)
-        self.results.clear()
-        self.taken = self.completed
-        return out
