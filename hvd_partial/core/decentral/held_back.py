@@ -172,7 +172,7 @@ class HeldBack:
         """Flood round ``c``, held back here, to the neighbours not heard from in it."""
         self.held_back = None
         if self.tally is not None:
-            self.tally.deferred = None
+            self.tally.drop_kept_back()
         if self.awaiting_start == c:  # the activation came: the designated rank started it
             self.awaiting_start = None
         return [Send(n, Activate(c)) for n in self.activation.still_to_tell(c)]
@@ -184,7 +184,7 @@ class HeldBack:
     def _forget(self) -> None:
         self.held_back = self.flood_awaits_quorum = None
         if self.tally is not None:
-            self.tally.deferred = None
+            self.tally.drop_kept_back()
 
     def _hold_back(self, c: int, local: LocalRank) -> list:
         self.activation.start_held(c)

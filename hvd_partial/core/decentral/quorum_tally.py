@@ -78,6 +78,14 @@ class QuorumTally:
         self.deferred = None  # (after the addition: a watcher may read it)
         return d == self.rank, met
 
+    def on_notice(self) -> None:
+        """A ``QuorumMet`` for the next round came: its quorum is met."""
+        self.met = True
+
+    def drop_kept_back(self) -> None:
+        """The addition kept back is not needed (the round's flood went out, or every rank joined it)."""
+        self.deferred = None
+
     def joined(self, r: int) -> None:
         """This rank joins round ``r``: zero round ``r - 2``'s counter if it is this rank's (safe now: see .quorum)."""
         if r > 1 and self._initiators(r - 2) == self.rank:

@@ -268,7 +268,7 @@ class DecentralStream:
         if type(msg) is Gathered:
             held.apply(msg, self.rank, self.world_size)
         elif type(msg) is QuorumMet and self.tally is not None:
-            self.tally.met = True
+            self.tally.on_notice()
         else:  # pragma: no cover - a protocol bug
             raise EngineError(f"rank {self.rank}: unexpected message {msg!r}")
 
