@@ -57,7 +57,7 @@ def stream_counts() -> dict:
     """This rank's held, dropped, early-joined and flush-joined rounds per decentralized stream."""
     control = session.current().engine._driver.control
     return {machine.name: (machine.stats.floods_held, machine.stats.floods_dropped, machine.stats.joined_early,
-                           getattr(machine, "joined_at_flush", 0), machine.completed,
+                           machine.stats.joined_at_flush, machine.completed,
                            machine.stats.quorum_additions, machine.stats.quorum_notices)
             for machine in getattr(control, "streams", {}).values()}
 

@@ -221,8 +221,8 @@ def measure_in_process(sizes=(4, 16, 64, 256, 1024), steps: int = 20) -> dict:
 
 def measure_view(sizes=(64, 256, 1024, 2048), posts: int = 4) -> dict:
     """Time the decentralized control plane's work per round on one rank
-    (``DecentralStream.on_reduced``: the round's results and the next round's
-    view from the ``(4, P)`` facts) against P, in this process, and fit its
+    (``DecentralStream.read_facts`` and ``on_reduced``: the round's results and
+    the next round's view from the ``(4, P)`` facts) against P, in this process, and fit its
     per-rank slope (the intercept is priced as the handling of one event)."""
     from hvd_partial.core.decentral import DecentralStream
     from hvd_partial.sim.decentral_world import DecentralWorld
@@ -233,22 +233,26 @@ def measure_view(sizes=(64, 256, 1024, 2048), posts: int = 4) -> dict:
             compute = random_delays(p, 0.02, 0.0 if balanced else 0.1, 0)
             world = DecentralWorld(p, "solo", 8, [posts] * p, seed=0, compute=compute, delay_s=1e-4,
                                    keep_results=False)
-            spent = [0.0, 0]
-            plain = DecentralStream.on_reduced
+            spent = [0.0, 0]  # seconds in both, rounds completed (on_reduced calls)
+            plain = {name: getattr(DecentralStream, name) for name in ("read_facts", "on_reduced")}
 
-            def timed(self, *a, **k):
-                t = time.perf_counter()
-                try:
-                    return plain(self, *a, **k)
-                finally:
-                    spent[0] += time.perf_counter() - t
-                    spent[1] += 1
+            def timed(name):
+                def wrapper(self, *a, **k):
+                    t = time.perf_counter()
+                    try:
+                        return plain[name](self, *a, **k)
+                    finally:
+                        spent[0] += time.perf_counter() - t
+                        spent[1] += name == "on_reduced"
+                return wrapper
 
-            DecentralStream.on_reduced = timed
+            for name in plain:
+                setattr(DecentralStream, name, timed(name))
             try:
                 world.run()
             finally:
-                DecentralStream.on_reduced = plain
+                for name, method in plain.items():
+                    setattr(DecentralStream, name, method)
             samples.append({"P": p, "balanced": balanced, "seconds_per_round": spent[0] / max(1, spent[1]),
                             "calls": spent[1]})
     c0, c1 = fit_linear([x["P"] for x in samples], [x["seconds_per_round"] for x in samples])
@@ -806,8 +810,9 @@ def main(argv=None):
             lines.append(f"| {key} | {value:.3g} |")
     if "view" in calibration.get("local", {}):
         view = calibration["local"]["view"]
-        lines += ["", "view_per_rank_s: the decentralized plane's work per round and rank (`DecentralStream.on_reduced`: "
-                  "the round's results and the next round's view from the (4, P) facts), timed in-process; ms per round: "
+        lines += ["", "view_per_rank_s: the decentralized plane's work per round and rank "
+                  "(`DecentralStream.read_facts` and `on_reduced`: the round's results and the next round's view "
+                  "from the (4, P) facts), timed in-process; ms per round: "
                   + ", ".join(f"P={x['P']} {'balanced' if x['balanced'] else '1 slow'} {x['seconds_per_round'] * 1e3:.3f}"
                               for x in view["samples"])
                   + f"; fit {view['intercept_s'] * 1e6:.1f} us + {view['view_per_rank_s'] * 1e9:.1f} ns x P "

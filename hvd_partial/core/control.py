@@ -118,11 +118,11 @@ class DecentralControl:
         self._signatures: dict[str, object] = {}
 
     def posted(self, stream, seq: int, computed_for: int, taken: int, waiting: bool) -> None:
-        # The stream's DecentralStream counts posts and staleness itself.
+        # The stream's DecentralStream reads the post from the rank stream itself.
         machine = self.streams.get(stream.id)
         if machine is None:
             raise EngineError(f"rank {self.rank}: a post to {stream.name!r}, which has no decentralized rounds")
-        self._carry_out(stream.id, machine.post(None))
+        self._carry_out(stream.id, machine.post())
 
     def report(self, message) -> None:
         kind = type(message)
@@ -163,7 +163,7 @@ class DecentralControl:
         """The rank stream took its completed rounds outside a post: so does its state machine."""
         machine = self.streams.get(stream.id)
         if machine is not None:
-            self._carry_out(stream.id, machine.take()[1])
+            self._carry_out(stream.id, machine.took())
 
     def take_ready(self, stream) -> bool:
         """Every round this rank joined parked on ``stream`` has completed here."""
@@ -183,14 +183,13 @@ class DecentralControl:
         if quorum is not None and self._quorum_counters is not None:
             counters = self._quorum_counters(self._quorum_streams)
             self._quorum_streams += 1
-        machine = DecentralStream(self.rank, self.size, mode.kind, signature.max_staleness, stream.name,
+        # the machine reads the rank stream's posts (the first one, which the registration carried, too)
+        machine = DecentralStream(self.rank, self.size, mode.kind, signature.max_staleness, stream, stream.name,
                                   seed=getattr(mode, "seed", 0), quorum=quorum,
-                                  external_registration=True, posts_need_data=True,
                                   defer_activations=self._defer is not None, counters=counters)
         self.streams[stream.id] = machine
         stream.read_facts = machine.read_facts
         stream.posts_need_data = True
-        machine.post(None)  # the first post, which the registration carried
         self._carry_out(stream.id, machine.registered())
 
     def on_message(self, source: int, message) -> None:
@@ -204,12 +203,12 @@ class DecentralControl:
 
     def awaiting_start(self, sid: int, round_number: int) -> bool:
         machine = self.streams.get(sid)
-        return machine is not None and machine.awaiting_start == round_number
+        return machine is not None and machine.floods.awaiting_start == round_number
 
     def holds_flood(self, sid: int, round_number: int) -> bool:
         """Whether this rank still holds back the flood of that round (else its timer has nothing to do)."""
         machine = self.streams.get(sid)
-        return machine is not None and machine.held_back == round_number
+        return machine is not None and machine.floods.held_back == round_number
 
     @staticmethod
     def release_message(sid: int, round_number: int, everyone_joined: bool = False) -> StreamMessage:
@@ -221,15 +220,14 @@ class DecentralControl:
         machine = self.streams.get(stream.id)
         if machine is None:  # a sync round: nothing to decide
             return
-        self._carry_out(stream.id, machine.on_reduced(launch.round, None, stream.last_facts, result))
+        self._carry_out(stream.id, machine.on_reduced(launch.round, stream.last_facts, result))
 
     def fail(self, error: Exception) -> None:
         for machine in self.streams.values():
             machine.fail(error)
 
     def _carry_out(self, sid: int, actions) -> None:
-        """Do what the stream's state machine asks (its Complete actions are
-        the driver's own: the rank stream wakes the same calls)."""
+        """Do what the stream's state machine asks."""
         for action in actions:
             kind = type(action)
             if kind is Send:

@@ -5,11 +5,15 @@ Every message takes a random delay; a round's reduction completes on each
 rank a random moment after the last rank joined it (its value is the list of
 every post summed into it, sorted, and its facts the sum of every rank's);
 a rank's compute takes the time its schedule says, then it posts, or
-flushes once it has no posts left. Ranks can die or be stopped (and resumed)
-at given times; with ``liveness`` every rank also runs the engine's liveness
-(:class:`hvd_partial.core.liveness.Liveness`: ring heartbeats, the failure
-flood) on a periodic tick, and stops handling liveness at its first failure,
-as an engine stops. With ``park_at``, each rank waits once in a call that needs
+flushes once it has no posts left. A rank's first post registers the
+stream through :class:`~hvd_partial.core.decentral.agreement.Agreements`, as
+in the engine (``signatures``: each rank's, compared there). Each rank's
+posts and results are kept by a :class:`~.post_ledger.PostLedger`, as the
+engine's rank stream keeps them, which the rank's stream machine reads. Ranks
+can die or be stopped (and resumed) at given times; with ``liveness`` every
+rank also runs the engine's liveness (:class:`hvd_partial.core.liveness.Liveness`:
+ring heartbeats, the failure flood) on a periodic tick, and stops handling
+liveness at its first failure, as an engine stops. With ``park_at``, each rank waits once in a call that needs
 every rank (a barrier, as ``hvd.allreduce`` of a metric at an epoch's end)
 after that many posts, parked, and takes the rounds completed meanwhile
 when every rank has come. The tests check the protocol's guarantees on the
@@ -32,12 +36,17 @@ from typing import Callable
 
 import numpy as np
 
-from ..core.decentral import Complete, DecentralStream, Join, Send, SharedQuorumCounters
+from ..core.decentral import (AgreementOutcome, AgreementReport, Agreements, Complete, DecentralStream, Join,
+                              Send, SharedQuorumCounters)
 from ..core.decentral.facts import INITIATED, PARKED
 from ..core.liveness import Liveness
-from ..core.messages import Declared, Failure, Heartbeat
+from ..core.messages import Declared, Failure, Heartbeat, Registered
+from ..core.round_result import RoundResult
+from ..errors import MismatchError
+from .post_ledger import PostLedger
 
 _LIVENESS = (Heartbeat, Failure)
+_AGREEMENT = (AgreementReport, AgreementOutcome)
 
 
 @dataclass
@@ -66,10 +75,13 @@ class DecentralWorld:
         self.delay_s = delay_s
         self.compute = compute or (lambda j, step: self.rng.uniform(0.01, 0.2))
         self.quorum_counters = SharedQuorumCounters()
-        self.streams = [DecentralStream(j, P, kind, max_staleness, seed=majority_seed, quorum=quorum,
-                                        signature=None if signatures is None else signatures[j],
-                                        counters=self.quorum_counters.for_rank(j)(0))
+        self.ledgers = [PostLedger() for _ in range(P)]  # each rank's posts and results
+        self.streams = [DecentralStream(j, P, kind, max_staleness, self.ledgers[j], seed=majority_seed,
+                                        quorum=quorum, counters=self.quorum_counters.for_rank(j)(0))
                         for j in range(P)]
+        self.signatures = signatures
+        self.agreements = [Agreements(j, P, lambda dest, msg, j=j: self._act(j, [Send(dest, msg)]),
+                                      lambda decision, j=j: self._on_agreed(j, decision)) for j in range(P)]
         self.liveness = liveness
         self.tick_s = tick_s
         # (every rank starts its clock at 0, as engines do after init's barrier; a rank whose
@@ -163,7 +175,7 @@ class DecentralWorld:
         return self
 
     def _on_compute(self, j, _):
-        stream = self.streams[j]
+        stream, ledger = self.streams[j], self.ledgers[j]
         if stream.failure is not None:
             return
         if self.park_at[j] is not None and self.posts_left[j] == self.park_at[j]:
@@ -180,13 +192,18 @@ class DecentralWorld:
         elif self.flush_after[j] is not None and self.posts_left[j] == self.flush_after[j]:
             self.flush_after[j] = None  # a flush in the middle of training
             self.flushes_left[j] += 1
+            ledger.flush()
             self._act(j, stream.flush())
         elif self.posts_left[j] > 0:
             self.posts_left[j] -= 1
             post_id = len(self.posted)
-            self.posted[post_id] = (j, stream.taken)
-            self._act(j, stream.post(post_id))
+            self.posted[post_id] = (j, ledger.taken)
+            done = ledger.post(post_id)  # (the ledger first, as the engine's rank stream: the machine reads it)
+            self._act(j, ([] if done is None else [done]) + stream.post())
+            if ledger.seq == 1:  # the first post registers the stream, as in the engine
+                self.agreements[j].register(stream.name, None if self.signatures is None else self.signatures[j])
         else:
+            ledger.flush()
             self._act(j, stream.flush(final=True))
 
     def _on_unpark(self, j, _):
@@ -201,8 +218,9 @@ class DecentralWorld:
 
     def _take_after_barrier(self, j):
         self.to_take.discard(j)
-        taken, actions = self.streams[j].take()
-        self._act(j, actions)
+        taken = self.ledgers[j].take()
+        if taken:  # (as the engine's driver: the machine hears of a take that took something)
+            self._act(j, self.streams[j].took())
         self.parked_takes += len(taken)
         if self.keep_results or j == 0:
             self.taken[j].extend(taken)
@@ -221,11 +239,31 @@ class DecentralWorld:
         if isinstance(msg, _LIVENESS):
             return
         self._count(msg, "recv", j)
-        self._act(j, self.streams[j].on_message(source, msg))
+        if isinstance(msg, _AGREEMENT):
+            self.agreements[j].on_message(source, msg)
+        else:
+            self._act(j, self.streams[j].on_message(source, msg))
+
+    def _on_agreed(self, j, decision):
+        """Rank ``j`` learned the outcome of the stream's registration."""
+        if type(decision) is Registered:
+            self._act(j, self.streams[j].registered())
+        else:
+            self._fail(j, MismatchError(decision.reason))
+
+    def _fail(self, j, error):
+        self.streams[j].fail(error)
+        done = self.ledgers[j].fail(error)
+        if done is not None:
+            self._act(j, [done])
 
     def _on_reduced(self, j, item):
         r, value, facts = item
-        self._act(j, self.streams[j].on_reduced(r, value, facts))
+        stream = self.streams[j]
+        row, initiator, flush = stream.read_facts(facts)
+        result = RoundResult(r, initiator, array=value, flush=flush, staleness_row=row)
+        done = self.ledgers[j].complete(result)  # (the ledger first, as the engine's rank stream)
+        self._act(j, ([] if done is None else [done]) + stream.on_reduced(r, facts, result))
         if j in self.to_take and self.streams[j].take_ready:
             self._take_after_barrier(j)
 
@@ -261,7 +299,7 @@ class DecentralWorld:
             elif isinstance(action, Declared):
                 if self.named[j] is None:
                     self.named[j] = (action.error.rank, self.now)
-                self._act(j, self.streams[j].fail(action.error))
+                self._fail(j, action.error)
             else:  # pragma: no cover
                 raise TypeError(action)
 
@@ -276,7 +314,7 @@ class DecentralWorld:
         if part is None:  # [ranks joined, posts summed, facts summed]
             part = self.joins[join.round] = [0, [], np.zeros_like(join.facts)]
         part[0] += 1
-        part[1].extend(join.contributions)
+        part[1].extend(self.ledgers[j].join())
         np.add(part[2], join.facts, out=part[2])
         if part[0] < self.P:
             return
@@ -303,10 +341,14 @@ class DecentralWorld:
         self._push(self.now + self.compute(j, step), "compute", j, None)
 
     def _count(self, msg, direction: str, j: int):
-        per_kind = self.counts[getattr(msg, "round", 0)]  # a rejection belongs to registration, round 0
+        per_kind = self.counts[getattr(msg, "round", 0)]  # registration's messages belong to round 0
         name = type(msg).__name__
         if name == "Gathered":
             name += ":" + msg.kind
+        elif name == "AgreementReport":
+            name += ":" + msg.key[0]
+        elif name == "AgreementOutcome":  # named by what it says: Registered or Rejected
+            name = type(msg.message).__name__
         if name not in per_kind:
             per_kind[name] = (np.zeros(self.P, np.int64), np.zeros(self.P, np.int64))
         per_kind[name][0 if direction == "sent" else 1][j] += 1

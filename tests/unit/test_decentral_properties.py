@@ -57,9 +57,9 @@ def check_counts(world: DecentralWorld, stats: dict):
     H = max_hops(P)
     for r, per_kind in world.counts.items():
         for name, (sent, recv) in per_kind.items():
-            if name in ("Activate", "DesignatedParked"):  # (both hypercube floods)
+            if name in ("Activate", "DesignatedParked", "Registered"):  # (hypercube floods)
                 assert sent.max() <= H and recv.max() <= H, f"P={P} round {r}: {name} {sent.max()}/{recv.max()}"
-            elif name.startswith("Gathered"):
+            elif name.startswith(("Gathered", "AgreementReport")):  # (binomial gathers)
                 assert sent.max() <= 1 and recv.max() <= H, f"P={P} round {r}: {name} {sent.max()}/{recv.max()}"
             elif name == "QuorumMet":
                 designated = designated_initiator(world.streams[0].seed, "stream", r, P)
@@ -90,7 +90,7 @@ def watch_quorum_counters(world: DecentralWorld) -> dict:
         if stream.held is not None:
             held_round = stream.held.view.round
         else:  # a balanced round's addition, kept back to the end of the activation delay
-            held_round = stream.deferred_count[0]
+            held_round = stream.tally.deferred_round
             seen["deferred"] += 1
         slot = (owner, held_round % QUORUM_SLOTS)
         assert zeroed_up_to.get(slot, -1) < held_round, \
@@ -99,7 +99,7 @@ def watch_quorum_counters(world: DecentralWorld) -> dict:
         seen["additions"] += 1
 
     def cleared(rank, slot):
-        joined = streams[rank]._last_joined
+        joined = streams[rank].last_joined
         found = rounds_in.pop((rank, slot), set())
         # an addition for a round that the slot's rank has not joined yet is still needed there
         assert all(r <= joined for r in found), f"rank {rank} (joined {joined}) zeroed additions for {found}"
@@ -127,7 +127,7 @@ def watch_quorum_counters(world: DecentralWorld) -> dict:
 
     for stream in streams:
         if stream.quorum is not None:
-            stream.counters = for_rank(stream.rank)(0)
+            stream.tally.counters = for_rank(stream.rank)(0)
     return seen
 
 
@@ -136,16 +136,16 @@ def check_eagerness(world: DecentralWorld):
     exact staleness rule holds the next round back (some training rank has
     taken fewer than c - tau + 1 rounds and holds no data for round c)."""
     streams = world.streams
-    waiting = [s for s in streams if s.waiter is not None and s.waiter[0] == "post"]
+    waiting = [s for s in streams if s.data.waiter is not None and s.data.waiter.kind == "post"]
     if not waiting or not all(world.alive):
         return
     c = streams[0].completed
     assert all(s.completed == c and s.activation.latest == c - 1 for s in streams)
     if c == 0:  # registration: round 0 waits for every rank's first post
-        laggards = [s.rank for s in streams if s.seq == 0]
+        laggards = [s.rank for s in streams if s.data.seq == 0]
     else:
         laggards = [s.rank for s in streams
-                    if not s.flushing and not s.parked and s.taken < c - s.tau + 1 and not s.pending]
+                    if not s.flushing and not s.parking.parked and s.data.taken < c - s.tau + 1 and not s.data.pending]
     assert laggards, f"round {c}: ranks {[s.rank for s in waiting]} wait with nothing in flight and no laggard"
     world.eager_checks = getattr(world, "eager_checks", 0) + 1
 
@@ -166,14 +166,14 @@ def check_consistency(world: DecentralWorld, ranks) -> list:
 def check_guarantees(world: DecentralWorld, spec: dict):
     P, tau, kind = world.P, spec["max_staleness"], spec["kind"]
     for j in range(P):
-        assert world.done[j], (f"deadlock: rank {j} never finished (waiter {world.streams[j].waiter}, "
+        assert world.done[j], (f"deadlock: rank {j} never finished (waiter {world.ledgers[j].waiter}, "
                                f"completed {world.streams[j].completed}, heard {world.streams[j].activation.latest})")
     rounds = check_consistency(world, range(P))
     # Conservation: every post summed into exactly one round.
     summed = [p for res in rounds for p in res.array]
     assert sorted(summed) == list(range(len(world.posted))), "a post was lost or counted twice"
     # Flush: the last round is the flush round, and nothing is left pending.
-    assert rounds[-1].flush and all(not s.pending for s in world.streams)
+    assert rounds[-1].flush and all(not ledger.pending for ledger in world.ledgers)
     assert all(not s.early for s in world.streams), "notices kept for rounds that started"
     for res in rounds:
         owners = sorted({world.posted[p][0] for p in res.array})

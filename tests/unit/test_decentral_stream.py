@@ -5,6 +5,7 @@ still sees the other as lagging."""
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -13,17 +14,30 @@ from hvd_partial.core.activation import max_hops
 from hvd_partial.core.decentral import (QUORUM_SLOTS, Activate, Complete, DecentralStream, Gathered, Join, QuorumMet,
                                         ReleaseActivation, Send, SharedQuorumCounters)
 from hvd_partial.core.messages import StreamSignature
+from hvd_partial.core.round_result import RoundResult
 from hvd_partial.errors import MismatchError, StreamConflictError
 from hvd_partial.sim.decentral_world import DecentralWorld
+from hvd_partial.sim.post_ledger import PostLedger
+
+
+@dataclass
+class Joined:
+    """What a rank summed into a round it joined, and its facts."""
+
+    contributions: list
+    facts: np.ndarray
 
 
 class Script:
-    """A driver that delivers every message and completes every round at once, in order."""
+    """A driver that delivers every message and completes every round at once,
+    in order; each rank's posts are in a PostLedger, which hears of each event
+    first (as the engine's rank stream does)."""
 
     def __init__(self, P, kind="solo", tau=1, **kw):
         self.counters = SharedQuorumCounters()
-        self.streams = [DecentralStream(j, P, kind, tau, counters=self.counters.for_rank(j)(0), **kw)
-                        for j in range(P)]
+        self.ledgers = [PostLedger() for _ in range(P)]
+        self.streams = [DecentralStream(j, P, kind, tau, self.ledgers[j], counters=self.counters.for_rank(j)(0),
+                                        **kw) for j in range(P)]
         self.queue: deque = deque()
         self.joins: dict = {}
         self.done: dict = {}  # rank -> list of Complete
@@ -36,7 +50,7 @@ class Script:
                 self.queue.append((j, a.dest, a.message))
             elif isinstance(a, Join):
                 part = self.joins.setdefault(a.round, {})
-                part[j] = a
+                part[j] = Joined(self.ledgers[j].join(), a.facts)
                 if len(part) == len(self.streams):
                     value = sorted(p for x in part.values() for p in x.contributions)
                     facts = np.sum([x.facts for x in part.values()], axis=0)
@@ -58,48 +72,55 @@ class Script:
                 self.deliver(item)
         return kept
 
-    def deliver(self, item):
+    def deliver(self, item) -> list:
         src, dest, msg = item
         if src is None:
             _, r, value, facts = msg
-            self.act(dest, self.streams[dest].on_reduced(r, value, facts))
-        else:
-            self.act(dest, self.streams[dest].on_message(src, msg))
+            stream = self.streams[dest]
+            row, initiator, flush = stream.read_facts(facts)
+            result = RoundResult(r, initiator, array=value, flush=flush, staleness_row=row)
+            done = self.ledgers[dest].complete(result)
+            return self.act(dest, ([] if done is None else [done]) + stream.on_reduced(r, facts, result))
+        return self.act(dest, self.streams[dest].on_message(src, msg))
 
     def post(self, j, payload):
-        return self.act(j, self.streams[j].post(payload))
+        done = self.ledgers[j].post(payload)
+        return self.act(j, ([] if done is None else [done]) + self.streams[j].post())
 
     def register(self):
-        """Every rank's first post, and round 0 completed everywhere."""
+        """Every rank's first post, registration agreed (as Agreements would), and round 0 completed everywhere."""
         for j in range(len(self.streams)):
-            self.post(j, f"reg{j}")
+            assert self.post(j, f"reg{j}") == []  # the first post waits for registration
+        for j, s in enumerate(self.streams):
+            self.act(j, s.registered())
         self.settle()
 
     def flush(self, j):
+        self.ledgers[j].flush()
         return self.act(j, self.streams[j].flush())
 
 
 def test_one_rank_posts_reduces_and_takes():
-    s = DecentralStream(0, 1, "solo", max_staleness=2)
-    (join,) = s.post("g0")
-    assert isinstance(join, Join) and join.round == 0 and join.contributions == ["g0"]
-    (done,) = s.on_reduced(0, ["g0"], join.facts)
+    w = Script(1, "solo", tau=2)
+    assert w.post(0, "g0") == []  # the first post waits for registration
+    (join,) = w.act(0, w.streams[0].registered())
+    assert isinstance(join, Join) and join.round == 0 and w.joins[0][0].contributions == ["g0"]
+    (done,) = w.deliver(w.queue.popleft())  # round 0 completes
     assert done.kind == "post" and done.seq == 1
     (result,) = done.results
     assert (result.round, result.contributors, result.staleness, result.initiator) == (0, [0], {0: 0}, None)
-    (flush_join,) = s.flush()  # the only rank is flushing: it starts the flush round
-    assert flush_join.round == 1 and flush_join.contributions == []
+    (flush_join,) = w.flush(0)  # the only rank is flushing: it starts the flush round
+    assert flush_join.round == 1 and w.joins[1][0].contributions == []
     with pytest.raises(StreamConflictError):
-        s.post("g1")  # the flush is still in progress
-    (done,) = s.on_reduced(1, [], flush_join.facts)
+        w.post(0, "g1")  # the flush is still in progress
+    (done,) = w.deliver(w.queue.popleft())
     assert done.kind == "flush" and done.results[-1].flush and done.results[-1].contributors == []
+    assert not w.queue
 
 
 def test_two_laggards_at_p3_tau1_are_gathered_to_one_root():
     w = Script(3, "solo", tau=1)
-    for j in range(3):
-        w.post(j, f"reg{j}")
-    w.settle()  # registration: round 0 with everyone
+    w.register()  # registration: round 0 with everyone
     assert [s.completed for s in w.streams] == [1, 1, 1]
     w.post(0, "a1")
     w.settle()  # rank 0 alone starts and fills round 1 (no blockers yet)
@@ -109,7 +130,8 @@ def test_two_laggards_at_p3_tau1_are_gathered_to_one_root():
         assert s.held.view.round == 2 and s.held.view.blockers.tolist() == [1, 2]
     w.post(0, "a2")
     w.settle()
-    assert w.streams[0].waiter == ("post", 3)  # held by the laggards
+    waiter = w.ledgers[0].waiter
+    assert (waiter.kind, waiter.seq) == ("post", 3)  # held by the laggards
     w.post(1, "b1")  # laggard 1 catches up (takes round 1 at once): it still sees rank 2 lagging
     w.settle()
     assert w.streams[1].completed == 2 and not any(isinstance(m, Activate) and m.round == 2 for _, _, m in w.sent)
@@ -195,7 +217,7 @@ def test_a_quorum_counter_is_zeroed_only_when_no_addition_for_its_round_can_come
     for j in (1, 2, 3):  # round 3: they join; it waits for rank 0
         w.post(j, f"c{j}")
     w.settle()
-    assert w.streams[1]._last_joined == 3 and w.streams[0].held_back == 2
+    assert w.streams[1].last_joined == 3 and w.streams[0].floods.held_back == 2
     w.deliver((0, 0, ReleaseActivation(2)))  # rank 0's delay of round 2 ends: it adds at rank 1
     assert w.counters.values[(0, 1, 2 % QUORUM_SLOTS)] == 1
     for item in late:
@@ -209,7 +231,7 @@ def test_a_quorum_counter_is_zeroed_only_when_no_addition_for_its_round_can_come
         w.post(j, f"d{j}")
     w.settle()
     w.deliver((0, 0, ReleaseActivation(4)))
-    assert w.streams[0].flood_awaits_quorum == 4  # one holder counted, three needed
+    assert w.streams[0].floods.flood_awaits_quorum == 4  # one holder counted, three needed
     for j in (1, 2):
         w.deliver((j, j, ReleaseActivation(4)))
     w.settle()
@@ -237,9 +259,9 @@ def test_a_rank_that_joins_the_next_round_drops_what_it_held_back_for_the_last()
     for j in range(P):  # round 1 (designated rank 3), balanced: rank 0 joins early
         w.post(j, f"a{j}")
     late = w.settle(hold_completions_of=0)
-    assert w.streams[0].held_back == 1 and w.streams[0].deferred_count is not None
+    assert w.streams[0].floods.held_back == 1 and w.streams[0].tally.deferred is not None
     w.act(0, w.streams[0].on_message(1, Activate(2)))
-    assert w.streams[0].held_back is None and w.streams[0].deferred_count is None
+    assert w.streams[0].floods.held_back is None and w.streams[0].tally.deferred is None
     sent = len(w.sent)
     w.deliver((0, 0, ReleaseActivation(1)))  # its delay of round 1 ends: nothing to do
     assert w.counters.additions == 0 and len(w.sent) == sent

@@ -128,13 +128,13 @@ def test_an_activation_that_arrives_releases_a_held_flood_at_once():
     world.run_communication()
     sent = count_activations(world)
     post_all(world, P, 2, [0, 1])  # ranks 0 and 1 hold their floods back
-    assert machine(world, 0).held_back == machine(world, 1).held_back == 2
+    assert machine(world, 0).floods.held_back == machine(world, 1).floods.held_back == 2
     # rank 0's delay ends: it floods to 1 and 2; rank 1, hearing it, floods on to 3 at once
     world.apply(next(e for e in world.communication_events() if e[:3] == ("deliver", 0, 0) and is_release(world, e)))
     assert sorted(d for s, d, _ in sent if s == 0) == [1, 2]
     world.apply(("deliver", 0, 1))
     assert sorted(d for s, d, _ in sent if s == 1) == [3]  # not back to 0, which it heard from
-    assert machine(world, 1).held_back is None
+    assert machine(world, 1).floods.held_back is None
     run_without_releases(world)
     assert world.idle(0) and world.idle(1)
     assert len(sent) <= 2 * P
@@ -193,7 +193,7 @@ def test_balanced_majority_rounds_send_no_activation(P, quorum):
     # each round: its designated rank held its flood back and dropped it, every other rank joined early
     assert sum(machine(world, j).stats.floods_dropped for j in range(P)) >= 5
     assert sum(machine(world, j).stats.joined_early for j in range(P)) >= 5 * (P - 1)
-    assert all(machine(world, j).awaiting_start is None for j in range(P))
+    assert all(machine(world, j).floods.awaiting_start is None for j in range(P))
 
 
 @QUORUM
@@ -208,7 +208,7 @@ def test_early_joiners_wait_for_the_designated_rank(P, quorum):
     world.run_communication()
     # joined, yet the round cannot complete without the designated rank's post
     assert not any(world.idle(j) for j in others)
-    assert all(machine(world, j).awaiting_start == c for j in others)
+    assert all(machine(world, j).floods.awaiting_start == c for j in others)
     post_all(world, P, 3, [d])
     run_without_releases(world)
     assert all(world.idle(j) for j in range(P))
@@ -216,7 +216,7 @@ def test_early_joiners_wait_for_the_designated_rank(P, quorum):
     res = world.results(0)[-1]
     assert (res.round, res.initiator, res.contributors) == (c, d, list(range(P)))
     assert int(res.array[0]) == 2 * (P - 1) + 3
-    assert all(machine(world, j).awaiting_start is None for j in range(P))
+    assert all(machine(world, j).floods.awaiting_start is None for j in range(P))
 
 
 @QUORUM
@@ -337,7 +337,7 @@ def test_a_delay_that_ends_after_everyone_joined_drops_the_flood_before_the_roun
     assert releases and not any(world.idle(j) for j in range(P))
     # every solo rank, or majority's designated rank, holds its flood back; with a quorum, majority's
     # early joiners hold their additions back
-    starters = [e for e in releases if machine(world, e[2]).awaiting_start is None]
+    starters = [e for e in releases if machine(world, e[2]).floods.awaiting_start is None]
     solo, quorum = isinstance(mode, Solo), getattr(mode, "quorum", None)
     assert len(starters) == (P if solo else 1) and len(releases) == (P if solo or quorum else 1)
     dropped = sum(machine(world, j).stats.floods_dropped for j in range(P))
@@ -348,5 +348,5 @@ def test_a_delay_that_ends_after_everyone_joined_drops_the_flood_before_the_roun
     assert not any(world.idle(j) for j in range(P))  # no round completed yet
     world.run_communication()
     assert all(world.idle(j) for j in range(P)) and sent == []
-    assert all(machine(world, j).awaiting_start is None for j in range(P))
+    assert all(machine(world, j).floods.awaiting_start is None for j in range(P))
     assert sum(machine(world, j).stats.quorum_additions for j in range(P)) == 0

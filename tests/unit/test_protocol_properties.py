@@ -282,7 +282,7 @@ def test_parked_ranks_in_random_schedules(plane):
         assert all(world.left(j) or world.ranks[j].waiter is None for j in range(P))
         taken_after[mode.kind + ("_quorum" if getattr(mode, "quorum", None) else "")] += world.parked_takes
         notices += sum(1 for r in world.ranks for m in [r.driver.control.streams[0]]
-                       if m._parked_notice >= 0)
+                       if m.parking.notice >= 0)
     assert all(n > 100 for n in taken_after.values()), taken_after
     assert notices > 10, notices
 

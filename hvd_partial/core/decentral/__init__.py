@@ -15,10 +15,10 @@ See docs/control-plane.md for the design and its proofs.
 from .agreement import AgreementOutcome, AgreementReport, Agreements
 from .facts import RoundView
 from .gather import Gather
-from .messages import Activate, Complete, Defer, Gathered, Join, QuorumMet, Rejected, ReleaseActivation, Send
+from .messages import Activate, Complete, Defer, Gathered, Join, QuorumMet, ReleaseActivation, Send
 from .quorum import QUORUM_SLOTS, QuorumCounters, SharedQuorumCounters, quorum_met
 from .stream import DecentralStream
 
 __all__ = ["DecentralStream", "Agreements", "AgreementReport", "AgreementOutcome", "RoundView", "Gather",
            "QUORUM_SLOTS", "QuorumCounters", "SharedQuorumCounters", "quorum_met", "Activate", "Complete", "Defer",
-           "Gathered", "Join", "QuorumMet", "Rejected", "ReleaseActivation", "Send"]
+           "Gathered", "Join", "QuorumMet", "ReleaseActivation", "Send"]

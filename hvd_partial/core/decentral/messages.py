@@ -2,8 +2,8 @@
 
 Plain, picklable dataclasses; the state machine produces and consumes them
 and the driver moves them (or, in tests, an event-driven world does).
-``Rejected`` and the ``Send`` action are those of :mod:`hvd_partial.core.messages`
-(re-exported here: one class each).
+The ``Send`` action is that of :mod:`hvd_partial.core.messages` (re-exported
+here: one class).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..messages import Rejected, Send
+from ..messages import Send
 
-__all__ = ["Activate", "Gathered", "QuorumMet", "DesignatedParked", "Rejected", "Send", "Defer",
+__all__ = ["Activate", "Gathered", "QuorumMet", "DesignatedParked", "Send", "Defer",
            "ReleaseActivation", "Join", "Complete"]
 
 
@@ -35,18 +35,12 @@ class Gathered:
     ``position`` of the gather named ``kind``, and its whole subtree are ready.
 
     ``kind`` is ``"stale"`` (every rank of the subtree that held the round
-    back by the staleness bound has posted for it or is flushing),
-    ``"flush"`` (every rank of the subtree is flushing) or ``"register"``
-    (every rank of the subtree has made its first post)."""
+    back by the staleness bound has posted for it or is flushing)
+    or ``"flush"`` (every rank of the subtree is flushing)."""
 
     round: int
     kind: str
     position: int
-    # registration only: the stream signature of rank ``first`` (the lowest rank of the
-    # subtree), and the first two ranks found to disagree, if any
-    signature: Any = None
-    first: int | None = None
-    mismatch: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -93,13 +87,12 @@ class ReleaseActivation:
 
 @dataclass(slots=True)
 class Join:
-    """Start this rank's part of round ``round``'s reduction: sum
-    ``contributions`` (the payloads of this rank's pending posts, possibly
-    none) over all ranks, and ``facts`` (an int64 array with this rank's
-    column filled, zeros elsewhere) with them; then call ``on_reduced``."""
+    """Start this rank's part of round ``round``'s reduction: sum this rank's
+    pending posts (possibly none) over all ranks, and ``facts`` (an int64
+    array with this rank's column filled, zeros elsewhere) with them; then
+    call ``on_reduced``."""
 
     round: int
-    contributions: list
     facts: Any
 
 
