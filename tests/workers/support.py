@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 
@@ -82,11 +83,13 @@ def _event_path(name: str) -> str:
 
 
 def announce(name: str) -> None:
-    """Make the event ``name`` known to every rank (atomically: a file appears)."""
+    """Make the event ``name`` known to every rank (atomically: a file appears).
+    Callable from any thread (a logging handler's, say): it makes no MPI call."""
     path = _event_path(name)
-    with open(path + ".tmp", "w") as fh:
-        fh.write(str(_rank()))
-    os.replace(path + ".tmp", path)
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "w") as fh:
+        fh.write(name)
+    os.replace(tmp, path)
 
 
 def announced(name: str) -> bool:
