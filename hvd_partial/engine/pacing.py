@@ -66,6 +66,12 @@ class Pacing:
         # after its message was taken (a stale ring), and then no work ever follows.
         self._rung_naps_left = 0
         self.unsent = 0  # control messages still queued in MPI after the last step
+        self.naps = 0  # naps taken while a call waited (read by tests and benchmarks)
+
+    @property
+    def asleep(self) -> bool:
+        """The engine thread sleeps now (idle, or napping while a call waits)."""
+        return self._asleep
 
     # -- compute-thread side ----------------------------------------------------------
 
@@ -188,6 +194,7 @@ class Pacing:
     def _nap(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; a new command wakes the engine at once, and
         so does a peer's ring where there is a doorbell. True if woken so."""
+        self.naps += 1
         self._asleep = True
         try:
             if self._bell is not None:

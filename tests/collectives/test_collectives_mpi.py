@@ -85,6 +85,7 @@ def test_async_handles_and_names_in_any_order(values_run):
         assert rep["orders"] == {nm: ord(nm) * factor for nm in "abc"}
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_mismatch_fails_every_rank_quickly_naming_ranks_and_field(nprocs):
     result = run_mpi("collectives_cases.py", nprocs, "mismatch", timeout=120)
@@ -123,6 +124,7 @@ def test_stall_warning_names_the_missing_rank_and_the_name():
     assert rep0["result"] == [2.0] and result.results[1]["result"] == [2.0]
 
 
+@pytest.mark.timing
 def test_stall_shutdown_fails_every_rank():
     result = run_mpi("collectives_cases.py", 2, "stall_shutdown", timeout=90, expect_success=False,
                      env={"HVD_PARTIAL_STALL_WARNING_SECONDS": "1", "HVD_PARTIAL_STALL_SHUTDOWN_SECONDS": "2"})

@@ -29,6 +29,7 @@ def before_flush(result, nprocs):
     return min(result.results[r]["taken_before_flush"] for r in range(nprocs))
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5])
 def test_solo_one_rank_ten_times_slower(nprocs):
     steps, tau = 12, 4

@@ -50,11 +50,29 @@ def test_a_peer_on_another_host_without_a_routable_address_is_not_rung():
 
 
 def test_closed_bell_ignores_pokes_and_rings():
+    import os
+    import select
+
     a, b = _pair()
-    a.close()
-    b.close()
-    a.poke()
-    b.ring(0)
+    try:
+        b.close()
+        b.ring(0)  # a closed bell rings nobody: the open peer is not woken
+        assert not a.wait(0.05)
+        b.close()  # twice is fine
+    finally:
+        a.close()
+    # The closed bells' descriptor numbers go to the next files opened (the
+    # lowest free numbers): a poke must write to none of them.
+    pipes = [os.pipe() for _ in range(4)]  # as many descriptors as both bells held, and more
+    try:
+        a.poke()
+        b.poke()
+        readable, _, _ = select.select([r for r, _ in pipes], [], [], 0.05)
+        assert not readable, "a closed bell's poke wrote to another file"
+    finally:
+        for fds in pipes:
+            for fd in fds:
+                os.close(fd)
     a.close()  # twice is fine
 
 

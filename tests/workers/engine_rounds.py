@@ -51,10 +51,10 @@ summed = np.sum([r.array for r in taken], axis=0)
 padding_sum = float(summed[total:].sum())
 summed = summed[:total]
 stats = hvd.stats()["grads"]
-# the decentralized plane's state machine of the stream: its quorum counter's use
-machine = next(iter(hvd.session.current().engine._driver.control.streams.values()), None)
-quorum_use = None if machine is None or quorum is None else [machine.stats.quorum_additions, machine.stats.quorum_notices,
-                                                              machine.stats.deferred_additions, machine.stats.floods_held]
+# what the stream's decentralized rounds counted here: its quorum counter's use
+counters = hvd.session.current().engine.stream_counters("grads")
+quorum_use = None if counters is None or quorum is None else [counters.quorum_additions, counters.quorum_notices,
+                                                               counters.deferred_additions, counters.floods_held]
 report({
     "rounds": [[r.round, r.initiator, r.contributors, {str(k): v for k, v in r.staleness.items()},
                 digest([r.array]), r.flush] for r in taken],

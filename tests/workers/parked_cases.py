@@ -2,53 +2,43 @@
 
 usage: parked_cases.py CASE [MODE] [QUORUM]
 
-Each case is a function registered in ``CASES``; it reports what the test
-asserts. The order "rank 0 is in ``hvd.allreduce``, then rank 1 posts" is
-made by a file rank 0 writes just before the call, which rank 1 waits for
-(an event, not a time).
+Each case is a function registered with ``support.case``; it reports what
+the test asserts. The order "rank 0 is in ``hvd.allreduce``, then rank 1
+posts" is made by an event rank 0 announces just before the call, which
+rank 1 awaits (an event, not a time).
 """
 
-import os
 import sys
-import time
 
 import numpy as np
 
-from support import digest, phase, report
+from support import announce, await_announced, case, digest, phase, report, run_case
 
 TAU = 2
-CASES = {}
-
-
-def case(function):
-    CASES[function.__name__] = function
-    return function
-
-
-def entered_path() -> str:
-    return os.path.join(os.environ["HVD_TEST_OUT"], "rank0-entered-allreduce")
+ENTERED = "rank 0 enters hvd.allreduce"
 
 
 def announce_entering() -> None:
-    with open(entered_path() + ".tmp", "w") as fh:
-        fh.write("1")
-    os.replace(entered_path() + ".tmp", entered_path())
+    announce(ENTERED)
 
 
 def await_entered() -> None:
-    while not os.path.exists(entered_path()):  # an event: rank 0 is about to call hvd.allreduce
-        time.sleep(0.001)
+    await_announced(ENTERED)
+
+
+def quorum_of(quorum: str):
+    return None if quorum == "none" else int(quorum)
 
 
 @case
-def numpy_posts(mode_name: str, quorum):
+def numpy_posts(mode_name: str = "solo", quorum: str = "none"):
     """Rank 1 makes TAU + 5 posts while rank 0 waits in ``hvd.allreduce``;
     rank 0 then takes the rounds completed meanwhile with ``take``."""
     import hvd_partial as hvd
 
     hvd.init(max_staleness=TAU)
     rank, size = hvd.rank(), hvd.size()
-    mode = hvd.mode_from_name(mode_name, seed=3, quorum=quorum)
+    mode = hvd.mode_from_name(mode_name, seed=3, quorum=quorum_of(quorum))
     posts = {0: 1, 1: TAU + 6}[rank] if size == 2 else 1
     length = sum({0: 1, 1: TAU + 6}.get(j, 1) for j in range(size))
     offset = sum({0: 1, 1: TAU + 6}.get(j, 1) for j in range(rank))
@@ -84,7 +74,7 @@ def numpy_posts(mode_name: str, quorum):
 
 
 @case
-def torch_steps(mode_name: str, quorum):
+def torch_steps(mode_name: str = "solo", quorum: str = "none"):
     """The same with ``DistributedOptimizer``: rank 0 applies the rounds
     completed while it waited before ``hvd.allreduce`` returns."""
     import torch
@@ -94,7 +84,7 @@ def torch_steps(mode_name: str, quorum):
 
     hvd.init(max_staleness=TAU)
     rank = hvd.rank()
-    mode = mode_from_name(mode_name, seed=3, quorum=quorum)
+    mode = mode_from_name(mode_name, seed=3, quorum=quorum_of(quorum))
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
@@ -129,7 +119,7 @@ def torch_steps(mode_name: str, quorum):
 
 
 @case
-def early_leaver(mode_name: str, quorum):
+def early_leaver(mode_name: str = "solo", quorum: str = "none"):
     """Rank 1 leaves with ``sys.exit(0)`` after 10 steps (its exit-time
     shutdown runs); rank 0 trains on, flushes, and exits."""
     import torch
@@ -142,7 +132,7 @@ def early_leaver(mode_name: str, quorum):
     model = torch.nn.Linear(4, 2)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters(),
-                                   mode=mode_from_name(mode_name, seed=3, quorum=quorum))
+                                   mode=mode_from_name(mode_name, seed=3, quorum=quorum_of(quorum)))
     for step in range(30):
         if rank == 1 and step == 10:
             report({"left_at": step})
@@ -159,7 +149,4 @@ def early_leaver(mode_name: str, quorum):
 
 
 if __name__ == "__main__":
-    name = sys.argv[1]
-    mode_arg = sys.argv[2] if len(sys.argv) > 2 else "solo"
-    quorum_arg = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] != "none" else None
-    CASES[name](mode_arg, quorum_arg)
+    run_case()
