@@ -19,7 +19,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,22 +27,15 @@ import tensorflow as tf
 import hvd_partial as _core
 from ..errors import ConfigError, EngineError, HvdPartialError, StreamConflictError, UnsupportedInputError
 from ..modes import Mode, ReduceOp
+from . import state
 from .compression import Compression, Compressor
 
 log = logging.getLogger("hvd_partial.tensorflow")
 
-# Streams this process has posted to since init, across exchange objects (a
-# reloaded Keras model gets a new optimizer object for an already registered
-# stream): name -> the init it was posted under (the Config object of that
-# init), so that after shutdown() and init() no stream counts as posted.
-_posted_streams: dict[str, object] = {}
-_registry_lock = threading.Lock()
-_exchanges: dict[str, "GradientExchange"] = {}
-
-
-# Code that builds graph ops with plain Python control flow: AutoGraph would
-# only re-convert it (seconds per trace) when a user's tf.function calls it.
-_graph_builder = tf.autograph.experimental.do_not_convert
+#: Decorator for code that builds graph ops with plain Python control flow:
+#: AutoGraph would only re-convert it (seconds per trace) when a user's
+#: tf.function calls it. Shared by the tape, the hand-off and the Keras optimizer.
+graph_builder = tf.autograph.experimental.do_not_convert
 
 
 def init_generation():
@@ -53,8 +45,11 @@ def init_generation():
 
 def posted_since_init(name: str) -> bool:
     """True if this process posted to stream ``name`` since the latest ``init``."""
-    token = _posted_streams.get(name)
-    return token is not None and token is init_generation()
+    tf_state = state.current()
+    if tf_state is None:
+        return False
+    with tf_state.lock:
+        return name in tf_state.posted
 
 
 def rank_label() -> str:
@@ -184,21 +179,22 @@ class RoundGradients:
 
     def __init__(self, plan: GradientPlan | None, stacked: list, sources: list | None = None):
         self.plan = plan
-        self._stacked = stacked  # per group: (k, group size)
+        #: Per group of the plan, the rounds' wire gradients: a (k, group size) tensor.
+        self.stacked = stacked
         self.sources = sources
 
     @property
     def count(self):
-        if not self._stacked:
+        if not self.stacked:
             return tf.constant(0, dtype=tf.int32)
-        return tf.shape(self._stacked[0], out_type=tf.int32)[0]
+        return tf.shape(self.stacked[0], out_type=tf.int32)[0]
 
-    @_graph_builder
+    @graph_builder
     def round(self, i) -> list:
         """Gradients of round ``i`` (0 = oldest taken), aligned with the sources."""
         if self.plan is None:
             raise IndexError("no rounds were taken")
-        return self.plan.from_wire([rows[i] for rows in self._stacked])
+        return self.plan.from_wire([rows[i] for rows in self.stacked])
 
     def __len__(self) -> int:
         if not tf.executing_eagerly():
@@ -209,7 +205,7 @@ class RoundGradients:
         for i in range(len(self)):
             yield self.round(i)
 
-    @_graph_builder
+    @graph_builder
     def apply(self, optimizer, variables=None):
         """Apply every round, oldest first, with ``optimizer.apply_gradients``
         (one update per round). Returns k. Works eagerly and in ``tf.function``."""
@@ -220,7 +216,7 @@ class RoundGradients:
             optimizer.build(list(variables))
         return self.apply_with(update, variables)
 
-    @_graph_builder
+    @graph_builder
     def apply_with(self, update, variables=None):
         """Call ``update(grads, variables)`` once per round, in order, leaving out
         sources without a gradient. Returns k."""
@@ -269,7 +265,7 @@ def apply_compiled(rounds: RoundGradients, update, variables, cache: dict, key) 
         fn = cache[key] = (plan, tf.function(run, input_signature=spec, autograph=False))
     if int(rounds.count) == 0:
         return 0
-    return int(fn[1](*rounds._stacked))
+    return int(fn[1](*rounds.stacked))
 
 
 class GradientExchange:
@@ -373,7 +369,7 @@ class GradientExchange:
 
     # -- posting ------------------------------------------------------------------
 
-    @_graph_builder
+    @graph_builder
     def exchange(self, grads, sources, handed_out: bool = False) -> RoundGradients:
         """Post ``grads`` (aligned with ``sources``) and return the rounds taken.
 
@@ -456,7 +452,9 @@ class GradientExchange:
             arrays = [np.ascontiguousarray(f) for f in flats]
             handle = _core.grouped_partial_allreduce_async(arrays, self.name, mode=self.mode, op=self.op,
                                                            max_staleness=self.max_staleness)
-            _posted_streams[self.name] = init_generation()
+            tf_state = state.require()
+            with tf_state.lock:
+                tf_state.posted.add(self.name)
             self.posts += 1
             results = _core.synchronize(handle)
             return self._stack(results)
@@ -492,13 +490,14 @@ class GradientExchange:
 
 
 def exchange_for(name: str, mode, op, compression, max_staleness, sparse_as_dense, owner: str) -> GradientExchange:
-    """The process-wide exchange named ``name`` (tapes are created anew every
+    """This session's exchange named ``name`` (tapes are created anew every
     step, their stream is not); its settings must not change."""
-    with _registry_lock:
-        found = _exchanges.get(name)
+    tf_state = state.require()
+    with tf_state.lock:
+        found = tf_state.exchanges.get(name)
         if found is None:
-            found = _exchanges[name] = GradientExchange(name, mode, op, compression, max_staleness,
-                                                        sparse_as_dense, owner)
+            found = tf_state.exchanges[name] = GradientExchange(name, mode, op, compression, max_staleness,
+                                                                sparse_as_dense, owner)
             return found
     wanted = (_core.default_mode() if mode is None else mode, op, compression.name, max_staleness, bool(sparse_as_dense))
     if found.settings != wanted:
@@ -509,5 +508,9 @@ def exchange_for(name: str, mode, op, compression, max_staleness, sparse_as_dens
 
 
 def existing_exchange(name: str) -> GradientExchange | None:
-    with _registry_lock:
-        return _exchanges.get(name)
+    """This session's exchange named ``name``; None if no tape used it (or no session runs)."""
+    tf_state = state.current()
+    if tf_state is None:
+        return None
+    with tf_state.lock:
+        return tf_state.exchanges.get(name)
