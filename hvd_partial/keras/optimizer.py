@@ -95,6 +95,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
       ``use_locking``: Horovod's, accepted at their default values only
       (``ConfigError`` otherwise).
 
+    Attributes besides Horovod's: ``exchange`` (the stream's
+    :class:`~hvd_partial.tensorflow.GradientExchange`: posts, updates, rounds
+    taken), ``model_variables`` (what the optimizer was built with),
+    ``post_variables`` (what the latest post's gradients belong to; None
+    before the first post), ``fit_flushes_epochs`` (True while ``model.fit``'s
+    epoch-flush callback runs). Read them; do not set them.
+
     ``iterations`` is the inner optimizer's: the number of updates applied,
     identical on every rank, so learning-rate schedules of the inner optimizer
     are functions of the round count. Call ``flush()`` (collective) before
@@ -154,8 +161,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                                                   self.average_aggregated_gradients)
         # Set through __dict__: Keras would track a list of variables assigned as an
         # attribute as this optimizer's own variables (and save the model's weights with it).
-        self.__dict__["_model_variables"] = None  # what the optimizer was built with
-        self.__dict__["_post_variables"] = None  # what the posts' gradients belong to (flush applies to these)
+        self.__dict__["model_variables"] = None  # what the optimizer was built with
+        self.__dict__["post_variables"] = None  # what the posts' gradients belong to (flush applies to these)
         #: True while model.fit's epoch-flush callback runs (it flushes; finalize_variable_values need not).
         self.fit_flushes_epochs = False
 
@@ -253,7 +260,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             # checkpointed; every flush leaves them at zero on every rank.
             self._accumulation.track([self.add_variable_from_reference(v, name="hvd_accumulated") for v in var_list],
                                      self.add_variable(shape=(), dtype="int32", name="hvd_passes"))
-        self.__dict__["_model_variables"] = var_list
+        self.__dict__["model_variables"] = var_list
         super().build(var_list)
         pending = self.__dict__.pop("_pending_weights", None)
         if pending is not None:
@@ -293,13 +300,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 raise UnsupportedInputError(
                     "DistributedOptimizer.apply(grads) without variables needs a built optimizer; "
                     "call optimizer.build(model.trainable_variables) first")
-            variables = list(self._model_variables)
+            variables = list(self.model_variables)
         else:
             variables = list(trainable_variables)
         if not self.built:
             with keras.name_scope(self.name, caller=self):
                 self.build(variables)
-        self.__dict__["_post_variables"] = variables
+        self.__dict__["post_variables"] = variables
         try:
             if handoff.claimed_by_tape(grads):
                 raise ConfigError(
@@ -309,7 +316,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             if self.backward_passes_per_step == 1:
                 self.exchange.exchange(grads, variables).apply_with(self._apply_one, variables)
             else:
-                self._accumulation.add(grads, variables, self._model_variables, self._apply_one)
+                self._accumulation.add(grads, variables, self.model_variables, self._apply_one)
         except tf.errors.OpError as err:
             if not tf.executing_eagerly():
                 raise
@@ -349,7 +356,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             opt.build(model.trainable_variables)
             opt.verify_across_ranks()
         """
-        variables = list(variables if variables is not None else (self._model_variables or []))
+        variables = list(variables if variables is not None else (self.model_variables or []))
         settings = (mode_to_config(self.mode), self.op.value, self.compression.name, self.max_staleness,
                     self.sparse_as_dense, self.backward_passes_per_step, self.average_aggregated_gradients)
         mine = (self.stream_name, settings, [(tuple(v.shape), str(v.dtype)) for v in variables])
@@ -384,14 +391,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
             opt.flush()          # custom loop: before evaluation or a checkpoint
         """
-        if self._post_variables is None:
+        if self.post_variables is None:
             return 0  # nothing was ever posted from here
-        variables = self._post_variables
+        variables = self.post_variables
         try:
             applied = 0
             if self.backward_passes_per_step > 1:
                 # Gradients of the last incomplete group of passes are not lost.
-                applied += self._accumulation.flush_pending(variables, self._model_variables, self._apply_one)
+                applied += self._accumulation.flush_pending(variables, self.model_variables, self._apply_one)
             rounds = self.exchange.flush(variables)
             applied += apply_compiled(rounds, self._apply_one, variables, self.__dict__.setdefault("_compiled", {}),
                                       tuple(id(v) for v in variables))

@@ -96,7 +96,7 @@ class Group:
         return sum(s.size for s in self.slots)
 
 
-def _buckets(order: dict, limit: int | None):
+def fusion_buckets(order: dict, limit: int | None):
     """Groups of one wire dtype each, at most ``limit`` bytes (fusion_threshold_bytes;
     a larger gradient travels alone), in the order of ``order``."""
     for wire, members in order.items():
@@ -284,7 +284,7 @@ class GradientExchange:
 
     def __init__(self, name: str, mode: Mode | None = None, op: ReduceOp = _core.Average,
                  compression: Compressor = Compression.none, max_staleness: int | None = None,
-                 sparse_as_dense: bool = False, owner: str = "gradients"):
+                 sparse_as_dense: bool = False, owner: str = "gradients", tape_stream: bool = False):
         if not isinstance(name, str) or not name:
             raise TypeError(f"stream name must be a non-empty str, got {name!r}")
         mode = _core.stream_options(mode, op, max_staleness)
@@ -297,6 +297,8 @@ class GradientExchange:
         self.max_staleness = max_staleness
         self.sparse_as_dense = bool(sparse_as_dense)
         self.owner = owner
+        #: A DistributedGradientTape stream: every post enters it in the session's registry.
+        self.tape_stream = tape_stream
         self.plan: GradientPlan | None = None
         #: Updates handed out so far (rounds with at least one contributor).
         self.updates = 0
@@ -306,9 +308,9 @@ class GradientExchange:
         #: The facts of the rounds taken by the latest post or flush.
         self.last_results: list = []
         self.last_error: BaseException | None = None
-        # Rounds handed out by DistributedGradientTape.gradient() that must all
-        # be applied before the next post: (init token, k, slots not yet applied).
-        self._owed: tuple | None = None
+        #: Rounds handed out by DistributedGradientTape.gradient() that must all
+        #: be applied before the next post: (init token, k, slots not yet applied); None when none are owed.
+        self.owed: tuple | None = None
 
     @property
     def settings(self) -> tuple:
@@ -357,7 +359,7 @@ class GradientExchange:
             order.setdefault(slot.wire, []).append(slot)
         cfg = _core.config() if _core.is_initialized() else None
         limit = cfg.fusion_threshold_bytes if cfg is not None else None
-        plan = GradientPlan(len(grads), tuple(_buckets(order, limit)))
+        plan = GradientPlan(len(grads), tuple(fusion_buckets(order, limit)))
         if self.plan is None:
             self.plan = plan
         elif plan != self.plan:
@@ -405,7 +407,7 @@ class GradientExchange:
         if self.plan is None or not posted_since_init(self.name):
             # Nothing posted here, so nothing to flush (and no stream to name).
             return None
-        self._check_owed()
+        self.check_owed()
         return _core.flush_async(self.name)
 
     def finish_flush(self, handle, sources=None) -> RoundGradients:
@@ -424,18 +426,20 @@ class GradientExchange:
         if k == 0:
             raise EngineError(f"rank {rank_label()}: a post to stream {self.name!r} took no round with data")
         slots = frozenset(s.index for s in self.plan.slots)
-        self._owed = (init_generation(), k, slots) if k > 1 else None
+        self.owed = (init_generation(), k, slots) if k > 1 else None
         return stacked
 
     def mark_applied(self, slots) -> None:
         """Numpy side: every round of the latest hand-out was applied to ``slots``."""
-        owed = self._owed
+        owed = self.owed
         if owed is not None:
             left = owed[2] - frozenset(int(i) for i in np.ravel(slots))
-            self._owed = (owed[0], owed[1], left) if left else None
+            self.owed = (owed[0], owed[1], left) if left else None
 
-    def _check_owed(self) -> None:
-        owed, self._owed = self._owed, None
+    def check_owed(self) -> None:
+        """Raise ``ConfigError`` if the latest hand-out of this init took k > 1 rounds and some
+        gradient did not have them all applied (checked, and forgotten, at every post and flush)."""
+        owed, self.owed = self.owed, None
         if owed is None or owed[0] is not init_generation():
             return
         names = ", ".join(f"#{i}" for i in sorted(owed[2]))
@@ -448,13 +452,15 @@ class GradientExchange:
 
     def _post_and_take(self, *flats):
         try:
-            self._check_owed()
+            self.check_owed()
             arrays = [np.ascontiguousarray(f) for f in flats]
             handle = _core.grouped_partial_allreduce_async(arrays, self.name, mode=self.mode, op=self.op,
                                                            max_staleness=self.max_staleness)
             tf_state = state.require()
             with tf_state.lock:
                 tf_state.posted.add(self.name)
+            if self.tape_stream:  # also when traced before the latest init: flush_tapes() finds it
+                tf_state.enter_tape_exchange(self)
             self.posts += 1
             results = _core.synchronize(handle)
             return self._stack(results)
@@ -495,9 +501,10 @@ def exchange_for(name: str, mode, op, compression, max_staleness, sparse_as_dens
     tf_state = state.require()
     with tf_state.lock:
         found = tf_state.exchanges.get(name)
-        if found is None:
-            found = tf_state.exchanges[name] = GradientExchange(name, mode, op, compression, max_staleness,
-                                                                sparse_as_dense, owner)
+    if found is None:
+        made = GradientExchange(name, mode, op, compression, max_staleness, sparse_as_dense, owner, tape_stream=True)
+        found = tf_state.enter_tape_exchange(made)
+        if found is made:
             return found
     wanted = (_core.default_mode() if mode is None else mode, op, compression.name, max_staleness, bool(sparse_as_dense))
     if found.settings != wanted:

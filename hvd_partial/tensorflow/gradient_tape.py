@@ -98,13 +98,8 @@ class DistributedGradientTape:
 
     def _exchange_named(self, name: str) -> GradientExchange:
         mode, op, compression, max_staleness, sparse_as_dense = self._settings
-        exchange = exchange_for(name, mode, op, compression, max_staleness, sparse_as_dense,
-                                owner=f"DistributedGradientTape({name!r})")
-        tf_state = state.require()
-        with tf_state.lock:
-            if name not in tf_state.tape_streams:
-                tf_state.tape_streams.append(name)
-        return exchange
+        return exchange_for(name, mode, op, compression, max_staleness, sparse_as_dense,
+                            owner=f"DistributedGradientTape({name!r})")
 
     def _exchange_for(self, sources: list) -> GradientExchange:
         if self._exchange is None:

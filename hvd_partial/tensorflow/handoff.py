@@ -167,17 +167,19 @@ def _apply_rounds(optimizer, original, handout: HandOut, indices: list, variable
     (done,) = tf.while_loop(lambda r: r < count, body, (tf.constant(0, dtype=tf.int32),), parallel_iterations=1)
     exchange = handout.exchange
     slots = np.array(indices, dtype=np.int32)
+    consumer = (weakref.ref(optimizer), list(variables), list(indices))
+    optimizer_id = id(optimizer)
 
     def mark(_):
         exchange.mark_applied(slots)
+        # At run time: a function traced before the latest init() still reaches flush_tapes().
+        tf_state = state.require()
+        with tf_state.lock:
+            tf_state.consumers.setdefault(exchange.name, {})[optimizer_id] = consumer
         return np.int32(0)
 
     tf.numpy_function(mark, [done], tf.int32, stateful=True, name="hvd_partial_rounds_applied")
     handout.applied.update(indices)
-    tf_state = state.require()
-    with tf_state.lock:
-        tf_state.consumers.setdefault(exchange.name, {})[id(optimizer)] = (weakref.ref(optimizer), list(variables),
-                                                                           list(indices))
 
 
 def install() -> None:

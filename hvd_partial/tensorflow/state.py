@@ -2,6 +2,11 @@
 :class:`~hvd_partial.session.Session` (its ``tensorflow`` field) so that
 ``shutdown()`` drops it and the next ``init()`` starts clean.
 
+A ``tf.function`` traced before ``shutdown()`` keeps running after the next
+``init()`` without being traced again, so what ``flush_tapes()`` needs (the
+tape streams' exchanges and the optimizers that applied them) is entered at
+run time, by every post and every applied hand-out, not only while tracing.
+
 Example::
 
     from hvd_partial.tensorflow import state
@@ -60,6 +65,15 @@ class TensorFlowState:
     latest_handouts: dict[str, HandOut] = field(default_factory=dict)
     consumers: dict[str, dict[int, tuple]] = field(default_factory=dict)
     compiled_flushes: dict = field(default_factory=dict)
+
+    def enter_tape_exchange(self, exchange: GradientExchange) -> GradientExchange:
+        """Register a tape stream's exchange (the first one of a name stays) and
+        the stream's place in ``tape_streams``; returns the registered exchange."""
+        with self.lock:
+            found = self.exchanges.setdefault(exchange.name, exchange)
+            if exchange.name not in self.tape_streams:
+                self.tape_streams.append(exchange.name)
+            return found
 
 
 def current() -> TensorFlowState | None:

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 import hvd_partial  # noqa: E402
 import hvd_partial.torch as hvd  # noqa: E402
-from hvd_partial.torch.tensors import HostStaging, _upload_slice, wire_dtype  # noqa: E402
+from hvd_partial.torch.tensors import HostStaging, upload_slice, wire_dtype  # noqa: E402
 
 
 def test_horovod_names_are_exported():
@@ -52,8 +52,8 @@ def test_results_come_back_as_views_of_the_result_buffer():
 def test_device_upload_slices_the_fused_buffer_once():
     fused = np.arange(10, dtype=np.float64)
     uploads = {}
-    a = _upload_slice(fused[2:5], torch.device("cpu"), uploads)
-    b = _upload_slice(fused[5:10].reshape(5), torch.device("cpu"), uploads)
+    a = upload_slice(fused[2:5], torch.device("cpu"), uploads)
+    b = upload_slice(fused[5:10].reshape(5), torch.device("cpu"), uploads)
     assert a.tolist() == [2.0, 3.0, 4.0] and b.tolist() == [5.0, 6.0, 7.0, 8.0, 9.0]
     assert len(uploads) == 1
 

@@ -15,9 +15,10 @@ module (by parsing it, nothing is imported):
 (b) No module imports a ``_private`` name of another module
     (``from .a import _b``); a private *submodule* may be imported.
 (c) No module reads or writes a ``_private`` attribute that belongs to another
-    module. An attribute belongs to a module when the module is an imported
-    hvd_partial module (``exchange._builder`` through ``from . import
-    exchange``), or when the name is defined only in other modules: a class
+    module. An attribute belongs to a module when it is read on an imported
+    hvd_partial module (``exchange._builder`` after ``from . import
+    exchange``, ``hvd_partial.api._post`` after ``import hvd_partial.api``),
+    or when the name is defined only in other modules: a class
     there assigns ``self._name``/``cls._name`` or has ``_name`` in its body,
     and no class of the reading module does. Access through ``self``,
     ``cls`` and ``super()`` is a class's own business and is not checked;
@@ -208,9 +209,22 @@ def _module_aliases(module: Module, modules: dict[str, Module]) -> dict[str, str
                     aliases[alias.asname or alias.name] = f"{base}.{alias.name}"
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name in modules and alias.asname:
+                if alias.asname and alias.name in modules:
                     aliases[alias.asname] = alias.name
+                elif not alias.asname and alias.name.split(".")[0] in modules:
+                    aliases[alias.name.split(".")[0]] = alias.name.split(".")[0]  # import a.b binds a
     return aliases
+
+
+def _module_named(value: ast.expr, aliases: dict[str, str], modules: dict[str, Module]) -> str | None:
+    """The package module that ``value`` names (``alias`` or ``alias.sub.mod``), if any."""
+    if isinstance(value, ast.Name):
+        return aliases.get(value.id)
+    if isinstance(value, ast.Attribute):
+        parent = _module_named(value.value, aliases, modules)
+        if parent is not None and f"{parent}.{value.attr}" in modules:
+            return f"{parent}.{value.attr}"
+    return None
 
 
 def _defined_private_attributes(module: Module) -> set[str]:
@@ -258,8 +272,9 @@ def foreign_private_attributes(modules: dict[str, Module]) -> list[str]:
         for value, attr, line in _attribute_accesses(module.tree):
             if not _is_private(attr) or _is_own(value):
                 continue
-            if isinstance(value, ast.Name) and value.id in aliases:
-                found.append(f"{module.name} line {line}: {value.id}.{attr} reads a private name of {aliases[value.id]}")
+            named = _module_named(value, aliases, modules)
+            if named is not None:
+                found.append(f"{module.name} line {line}: {ast.unparse(value)}.{attr} reads a private name of {named}")
                 continue
             if attr in defined[module.name]:
                 continue
@@ -392,12 +407,15 @@ def test_checker_finds_foreign_private_attributes(tmp_path):
                  "    getattr(rounds, '_stacked')\n"
                  "    mine._own\n"
                  "    third_party._internal\n"
-                 "    rounds.__class__\n"),
+                 "    rounds.__class__\n"
+                 "    import pkg.a\n"
+                 "    pkg.a._builder\n"),
     })
     assert foreign_private_attributes(modules) == [
         "pkg.b line 7: a._builder reads a private name of pkg.a",
         "pkg.b line 8: rounds._stacked reads a private attribute defined in pkg.a",
         "pkg.b line 9: rounds._stacked reads a private attribute defined in pkg.a",
+        "pkg.b line 14: pkg.a._builder reads a private name of pkg.a",
     ]
 
 
