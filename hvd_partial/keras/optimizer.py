@@ -95,12 +95,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
       ``use_locking``: Horovod's, accepted at their default values only
       (``ConfigError`` otherwise).
 
-    Attributes besides Horovod's: ``exchange`` (the stream's
+    Attributes besides Horovod's, to read: ``exchange`` (the stream's
     :class:`~hvd_partial.tensorflow.GradientExchange`: posts, updates, rounds
     taken), ``model_variables`` (what the optimizer was built with),
     ``post_variables`` (what the latest post's gradients belong to; None
-    before the first post), ``fit_flushes_epochs`` (True while ``model.fit``'s
-    epoch-flush callback runs). Read them; do not set them.
+    before the first post) and ``fit_flushes_epochs`` (set by the
+    ``FlushCallback`` while ``model.fit`` runs, which flushes every epoch).
 
     ``iterations`` is the inner optimizer's: the number of updates applied,
     identical on every rank, so learning-rate schedules of the inner optimizer

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
@@ -85,7 +85,6 @@ class Module:
     path: pathlib.Path
     is_package: bool
     tree: ast.Module
-    imports: list[tuple[str, int]] = field(default_factory=list)  # (module imported, line)
 
 
 def load_package(root: pathlib.Path, package: str) -> dict[str, Module]:
