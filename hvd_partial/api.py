@@ -23,6 +23,8 @@ import threading
 import time
 
 
+# Horovod-style helpers (negotiated collectives), re-exported from here as hvd_partial's own names.
+from .collectives.functions import allgather_object, allreduce, barrier, broadcast, broadcast_object  # noqa: F401
 from .config import Config, load_config
 from .core.buffer_pool import BufferPool
 from .core.fusion import Layout, check_array
@@ -330,11 +332,6 @@ def _post(engine: Engine, arrays, name, mode, op, max_staleness, grouped: bool) 
             pool = current.pack_pools[name] = BufferPool()
         buffers, owned = layout.pack(arrays, pool)
     return engine.submit_post(PostRequest(name, buffers, owned, layout, grouped, sync, op, signature))
-
-
-# ===== Horovod-style helpers: negotiated collectives (see hvd_partial.collectives) ============
-
-from .collectives.functions import allgather_object, allreduce, barrier, broadcast, broadcast_object  # noqa: E402,F401
 
 
 def stats() -> dict:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # annotations only: the engine's modules import this one
     from .core.messages import StreamSignature
     from .engine.engine import Engine
     from .engine.handle import Handle
+    from .tensorflow.state import TensorFlowState
     from .transport.protocol import Transport
 
 
@@ -50,6 +51,9 @@ class Session:
     - ``adapters``: state of other per-session users (the helper collectives'
       names), by name, made on first use by :meth:`adapter_state`.
     - then the framework adapters' state: one typed field per adapter.
+    - ``tensorflow``: the TensorFlow adapter's tape streams, hand-outs and
+      posted streams (:class:`~hvd_partial.tensorflow.state.TensorFlowState`,
+      made by :func:`hvd_partial.tensorflow.state.require`).
     """
 
     engine: Engine
@@ -63,6 +67,7 @@ class Session:
     # -- other users' state by name, made on first use (adapter_state): the helper collectives' names
     adapters: dict[str, Any] = field(default_factory=dict)
     # -- framework adapters' state: one typed field per adapter, None until the adapter first runs
+    tensorflow: TensorFlowState | None = None
 
     def adapter_state(self, name: str, make: Callable[[], Any]) -> Any:
         """The state object of adapter ``name`` in this session, made by ``make()`` on first use."""

@@ -27,10 +27,13 @@ from ..tensorflow import (Compression, ProcessSet, add_process_set, allgather_ob
                           global_process_set, gloo_built, gloo_enabled, init, is_homogeneous, mpi_built,
                           mpi_enabled, mpi_threads_supported, nccl_built, remove_process_set, rocm_built,
                           start_timeline, stop_timeline)
-from . import callbacks  # noqa: E402
+from . import callbacks, fit_hooks  # noqa: E402
 from .functions import allgather, allreduce, broadcast, broadcast_global_variables, reducescatter  # noqa: E402
 from .optimizer import DistributedOptimizer  # noqa: E402
 from .saving import load_model  # noqa: E402
+
+# model.fit flushes a DistributedOptimizer at every epoch end (see fit_hooks).
+fit_hooks.install(callbacks.attach_epoch_flush)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",

@@ -86,7 +86,7 @@ class FlushCallback(keras.callbacks.Callback):
             # Every rank is in fit here: a safe place for a collective check that
             # turns a mismatched model into MismatchError before the first post.
             optimizer.verify_across_ranks(self.model.trainable_variables)
-            optimizer._fit_flushes_epochs = True
+            optimizer.fit_flushes_epochs = True
             if getattr(self.model, "jit_compile", False):
                 # XLA cannot compile the post (a tf.numpy_function). fit looks
                 # train_function up at every step, so a rebuilt one takes over.
@@ -104,7 +104,7 @@ class FlushCallback(keras.callbacks.Callback):
         train_function = self.model.train_function
         if train_function is None or getattr(train_function, _TRANSLATES, False):
             return
-        exchange = optimizer._exchange
+        exchange = optimizer.exchange
 
         def translating(*args, **kwargs):
             try:
@@ -138,7 +138,7 @@ class FlushCallback(keras.callbacks.Callback):
         self._training = False
         optimizer = self._optimizer()
         if optimizer is not None:
-            optimizer._fit_flushes_epochs = False
+            optimizer.fit_flushes_epochs = False
 
 
 class LearningRateGuard(keras.callbacks.Callback):
@@ -169,6 +169,29 @@ class LearningRateGuard(keras.callbacks.Callback):
                 "local batches, so the replicas would differ. Use hvd.callbacks.LearningRateScheduleCallback / "
                 "LearningRateWarmupCallback (set per update inside the step), a keras.optimizers.schedules "
                 "schedule, changes at epoch boundaries only, or mode=Sync()")
+
+
+def attach_epoch_flush(callback_list, model) -> None:
+    """Put a :class:`FlushCallback` first and a :class:`LearningRateGuard` last in
+    the callback list ``fit`` builds for ``model``, when its optimizer is a
+    ``DistributedOptimizer`` and the list has no ``FlushCallback`` yet
+    (installed as :mod:`~hvd_partial.keras.fit_hooks`' ``attach``)."""
+    if not isinstance(getattr(model, "optimizer", None), DistributedOptimizer):
+        return
+    if any(isinstance(cb, FlushCallback) for cb in callback_list.callbacks):
+        return
+    flush = FlushCallback()
+    flush.set_model(model)
+    if getattr(callback_list, "params", None):
+        flush.set_params(callback_list.params)
+    # First, so that later callbacks (checkpoints, metric averaging) see flushed weights.
+    callback_list.callbacks.insert(0, flush)
+    guard = LearningRateGuard(flush)
+    guard.set_model(model)
+    if getattr(callback_list, "params", None):
+        guard.set_params(callback_list.params)
+    # Last: it sees the rate every other callback left before the step.
+    callback_list.callbacks.append(guard)
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):

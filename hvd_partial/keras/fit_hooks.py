@@ -1,19 +1,22 @@
 """Makes ``model.fit`` flush a ``DistributedOptimizer`` at every epoch end.
 
-Keras gives an optimizer no epoch hook, so the first ``DistributedOptimizer``
-created installs a small wrapper around ``keras.callbacks.CallbackList.__init__``:
+Keras gives an optimizer no epoch hook, so importing :mod:`hvd_partial.keras`
+installs a small wrapper around ``keras.callbacks.CallbackList.__init__``:
 when ``fit`` builds its callback list (the only caller that passes
-``add_history=True``) for a model whose optimizer is a ``DistributedOptimizer``,
-an :class:`~hvd_partial.keras.callbacks.FlushCallback` is put first in the list
-(unless the user already added one). Every other callback list is left as it
-was. If a future Keras changes this constructor, the hook stays out of the way
-and ``fit`` still flushes once at the end of training
-(``finalize_variable_values``); add ``FlushCallback()`` yourself then.
+``add_history=True``), ``attach(callback_list, model)`` runs; the one
+installed, :func:`hvd_partial.keras.callbacks.attach_epoch_flush`, puts a
+:class:`~hvd_partial.keras.callbacks.FlushCallback` first in the list when the
+model's optimizer is a ``DistributedOptimizer`` (unless the user already added
+one). Every other callback list is left as it was. If a future Keras changes
+this constructor, the hook stays out of the way and ``fit`` still flushes once
+at the end of training (``finalize_variable_values``); add ``FlushCallback()``
+yourself then. This module knows nothing of the optimizer or the callbacks:
+they import it, not the other way round.
 
 Example::
 
-    from hvd_partial.keras import fit_hooks
-    fit_hooks.install()      # done by DistributedOptimizer(...)
+    from hvd_partial.keras import callbacks, fit_hooks
+    fit_hooks.install(callbacks.attach_epoch_flush)      # done by ``import hvd_partial.keras``
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+from typing import Any, Callable
 
 import keras
 
@@ -29,8 +33,9 @@ log = logging.getLogger("hvd_partial.keras")
 _MARK = "_hvd_partial_epoch_flush"
 
 
-def install() -> bool:
-    """Install the hook once per process; returns whether it is active."""
+def install(attach: Callable[[Any, Any], None]) -> bool:
+    """Install the hook once per process, calling ``attach(callback_list, model)``
+    for every callback list ``fit`` builds; returns whether it is active."""
     cls = keras.callbacks.CallbackList
     original = cls.__init__
     if getattr(original, _MARK, False):
@@ -53,32 +58,8 @@ def install() -> bool:
         except TypeError:
             return
         if bound.arguments.get("add_history") and bound.arguments.get("model") is not None:
-            _attach(self, bound.arguments["model"])
+            attach(self, bound.arguments["model"])
 
     setattr(__init__, _MARK, True)
     cls.__init__ = __init__
     return True
-
-
-def _attach(callback_list, model) -> None:
-    from .callbacks import FlushCallback
-    from .optimizer import DistributedOptimizer
-
-    if not isinstance(getattr(model, "optimizer", None), DistributedOptimizer):
-        return
-    if any(isinstance(cb, FlushCallback) for cb in callback_list.callbacks):
-        return
-    flush = FlushCallback()
-    flush.set_model(model)
-    if getattr(callback_list, "params", None):
-        flush.set_params(callback_list.params)
-    # First, so that later callbacks (checkpoints, metric averaging) see flushed weights.
-    callback_list.callbacks.insert(0, flush)
-    from .callbacks import LearningRateGuard
-
-    guard = LearningRateGuard(flush)
-    guard.set_model(model)
-    if getattr(callback_list, "params", None):
-        guard.set_params(callback_list.params)
-    # Last: it sees the rate every other callback left before the step.
-    callback_list.callbacks.append(guard)

@@ -39,8 +39,9 @@ from ..modes import Majority, Mode, ReduceOp, Solo, Sync  # noqa: E402
 from ..tensorflow.basics import global_process_set, require_default, require_global  # noqa: E402
 from ..tensorflow.compression import Compression, Compressor  # noqa: E402
 from ..tensorflow import handoff  # noqa: E402
-from ..tensorflow.exchange import GradientExchange, _graph_builder, apply_compiled, rank_label  # noqa: E402
-from . import fit_hooks  # noqa: E402
+from ..tensorflow.exchange import GradientExchange, apply_compiled, graph_builder, rank_label  # noqa: E402
+from .accumulation import GradientAccumulation  # noqa: E402
+from .round_rates import RoundRates  # noqa: E402
 
 log = logging.getLogger("hvd_partial.keras")
 
@@ -94,6 +95,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
       ``use_locking``: Horovod's, accepted at their default values only
       (``ConfigError`` otherwise).
 
+    Attributes besides Horovod's, to read: ``exchange`` (the stream's
+    :class:`~hvd_partial.tensorflow.GradientExchange`: posts, updates, rounds
+    taken), ``model_variables`` (what the optimizer was built with),
+    ``post_variables`` (what the latest post's gradients belong to; None
+    before the first post) and ``fit_flushes_epochs`` (set by the
+    ``FlushCallback`` while ``model.fit`` runs, which flushes every epoch).
+
     ``iterations`` is the inner optimizer's: the number of updates applied,
     identical on every rank, so learning-rate schedules of the inner optimizer
     are functions of the round count. Call ``flush()`` (collective) before
@@ -145,55 +153,55 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.inner_optimizer = optimizer
         self.backward_passes_per_step = backward_passes_per_step
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
-        self._exchange = GradientExchange(f"keras.{self.name}", mode, op, compression, max_staleness,
-                                          sparse_as_dense, owner=f"DistributedOptimizer({self.name!r})")
-        self._lr_fn = None
-        self._lr_until = None
-        self._lr_rules: list = []  # Python rules fn(update) -> rate or None, evaluated at run time
+        #: The stream's :class:`~hvd_partial.tensorflow.GradientExchange` (posts, updates, rounds taken).
+        self.exchange = GradientExchange(f"keras.{self.name}", mode, op, compression, max_staleness,
+                                         sparse_as_dense, owner=f"DistributedOptimizer({self.name!r})")
+        self._rates = RoundRates()
+        self._accumulation = GradientAccumulation(self.exchange, backward_passes_per_step,
+                                                  self.average_aggregated_gradients)
         # Set through __dict__: Keras would track a list of variables assigned as an
         # attribute as this optimizer's own variables (and save the model's weights with it).
-        self.__dict__["_model_variables"] = None  # what the optimizer was built with
-        self.__dict__["_post_variables"] = None  # what the posts' gradients belong to (flush applies to these)
-        # Set by the epoch-flush callback while model.fit runs (see fit_hooks).
-        self._fit_flushes_epochs = False
-        fit_hooks.install()
+        self.__dict__["model_variables"] = None  # what the optimizer was built with
+        self.__dict__["post_variables"] = None  # what the posts' gradients belong to (flush applies to these)
+        #: True while model.fit's epoch-flush callback runs (it flushes; finalize_variable_values need not).
+        self.fit_flushes_epochs = False
 
     # -- what the wrapper is ---------------------------------------------------------
 
     @property
     def mode(self) -> Mode:
-        return self._exchange.mode
+        return self.exchange.mode
 
     @property
     def op(self) -> ReduceOp:
-        return self._exchange.op
+        return self.exchange.op
 
     @property
     def compression(self) -> Compressor:
-        return self._exchange.compression
+        return self.exchange.compression
 
     @property
     def max_staleness(self) -> int | None:
-        return self._exchange.max_staleness
+        return self.exchange.max_staleness
 
     @property
     def sparse_as_dense(self) -> bool:
-        return self._exchange.sparse_as_dense
+        return self.exchange.sparse_as_dense
 
     @property
     def stream_name(self) -> str:
         """The name of this optimizer's stream in ``hvd_partial.stats()``."""
-        return self._exchange.name
+        return self.exchange.name
 
     @property
     def rounds(self) -> int:
         """Rounds this rank has taken (including flush rounds with no data)."""
-        return self._exchange.rounds_taken
+        return self.exchange.rounds_taken
 
     @property
     def last_results(self) -> list:
         """The ``RoundResult``s (facts and arrays) of the latest post or flush."""
-        return self._exchange.last_results
+        return self.exchange.last_results
 
     def stats(self) -> dict:
         """This stream's participation report (see ``hvd_partial.stats()``)."""
@@ -225,7 +233,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         # .h5 file holds the inner optimizer's too (iterations, moments).
         weights = [np.array(w) for w in weights]  # h5py datasets are read now, while the file is open
         if self.built and self.inner_optimizer.built:
-            self._assign_weights(weights)
+            assign_weights(self.variables, weights, self.name)
             return
         # Keras's .h5 loader builds the optimizer with the model's own variables,
         # an empty list for Sequential and functional models: set what exists
@@ -235,17 +243,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             if tuple(variable.shape) == tuple(np.shape(weight)):
                 variable.assign(weight)
         self.__dict__["_pending_weights"] = weights
-
-    def _assign_weights(self, weights) -> None:
-        variables = self.variables
-        if len(weights) != len(variables):
-            raise UnsupportedInputError(f"set_weights() got {len(weights)} arrays for the {len(variables)} variables "
-                                        f"of DistributedOptimizer {self.name!r}")
-        for variable, weight in zip(variables, weights):
-            if tuple(variable.shape) != tuple(np.shape(weight)):
-                raise UnsupportedInputError(f"optimizer variable {variable.path!r} has shape {tuple(variable.shape)}, "
-                                            f"the saved value {tuple(np.shape(weight))}")
-            variable.assign(weight)
 
     def scale_loss(self, loss):
         return self.inner_optimizer.scale_loss(loss)
@@ -261,13 +258,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if self.backward_passes_per_step > 1:
             # Local gradient sums between posts: optimizer state, so they are
             # checkpointed; every flush leaves them at zero on every rank.
-            self._accumulators = [self.add_variable_from_reference(v, name="hvd_accumulated") for v in var_list]
-            self._passes = self.add_variable(shape=(), dtype="int32", name="hvd_passes")
-        self.__dict__["_model_variables"] = var_list
+            self._accumulation.track([self.add_variable_from_reference(v, name="hvd_accumulated") for v in var_list],
+                                     self.add_variable(shape=(), dtype="int32", name="hvd_passes"))
+        self.__dict__["model_variables"] = var_list
         super().build(var_list)
         pending = self.__dict__.pop("_pending_weights", None)
         if pending is not None:
-            self._assign_weights(pending)
+            assign_weights(self.variables, pending, self.name)
 
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
         raise UnsupportedInputError("DistributedOptimizer has no stateless_apply (it runs on TensorFlow only)")
@@ -284,24 +281,15 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
             opt.set_round_lr_schedule(lambda r: 0.1 * tf.minimum(1.0, (r + 1) / 100), until_round=100)
         """
-        if fn is not None:
-            inner = self.inner_optimizer
-            try:
-                inner.learning_rate = float(inner.learning_rate)  # raises if the rate is a schedule
-            except TypeError as err:
-                raise ConfigError(
-                    f"the inner optimizer {inner.name!r} has a learning-rate schedule, which a round-driven "
-                    "schedule cannot override; create it with a float learning_rate") from err
-        self._lr_fn = fn
-        self._lr_until = until_round
+        self._rates.set_schedule(self.inner_optimizer, fn, until_round)
 
-    @_graph_builder
+    @graph_builder
     def apply_gradients(self, grads_and_vars):
         grads, variables = zip(*grads_and_vars)
         self.apply(grads, variables)
         return self.iterations
 
-    @_graph_builder
+    @graph_builder
     def apply(self, grads, trainable_variables=None):
         """Post ``grads`` and apply every round taken (k inner updates)."""
         grads = list(grads)
@@ -312,80 +300,27 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 raise UnsupportedInputError(
                     "DistributedOptimizer.apply(grads) without variables needs a built optimizer; "
                     "call optimizer.build(model.trainable_variables) first")
-            variables = list(self._model_variables)
+            variables = list(self.model_variables)
         else:
             variables = list(trainable_variables)
         if not self.built:
             with keras.name_scope(self.name, caller=self):
                 self.build(variables)
-        self.__dict__["_post_variables"] = variables
-        if tf.executing_eagerly():
-            try:
-                self._post_and_apply(grads, variables)
-            except tf.errors.OpError as err:
-                self._exchange.reraise(err)
-        else:
-            self._post_and_apply(grads, variables)
-
-    def _post_and_apply(self, grads, variables):
-        if handoff.claimed_by_tape(grads):
-            raise ConfigError(
-                f"rank {rank_label()}: DistributedOptimizer {self.name!r} got gradients that a "
-                "DistributedGradientTape already reduced; use one of the two (a plain Keras optimizer with the tape)")
-        if self.backward_passes_per_step == 1:
-            self._exchange.exchange(grads, variables).apply_with(self._apply_one, variables)
-            return
-        dense = [None if g is None else self._densify(g, v) for g, v in zip(grads, variables)]
-        self._exchange.make_plan(dense, variables)  # checks the gradients before any state changes
-        accumulators = self._accumulators_for(variables, [g is not None for g in dense])
-        for grad, accumulator in zip(dense, accumulators):
-            if accumulator is not None:
-                accumulator.assign_add(grad)
-        passes = self._passes.assign_add(1)
-
-        def post():
-            self._post_accumulated(accumulators, variables)
-            return tf.constant(True)
-
-        tf.cond(passes >= self.backward_passes_per_step, post, lambda: tf.constant(False))
-
-    def _accumulators_for(self, variables, active) -> list:
-        index = {id(v): i for i, v in enumerate(self._model_variables)}
-        out = []
-        for var, used in zip(variables, active):
-            position = index.get(id(var))
-            if used and position is None:
-                raise UnsupportedInputError(
-                    f"rank {rank_label()}: variable {getattr(var, 'path', var)!r} was not among the variables "
-                    "the DistributedOptimizer was built with")
-            out.append(self._accumulators[position] if used else None)
-        return out
-
-    def _post_accumulated(self, accumulators, variables):
-        scale = 1.0 / self.backward_passes_per_step if self.average_aggregated_gradients else None
-        summed = []
-        for acc in accumulators:
-            if acc is None:
-                summed.append(None)
-                continue
-            value = tf.identity(acc.value)
-            summed.append(value * tf.cast(scale, value.dtype) if scale is not None else value)
-        rounds = self._exchange.exchange(summed, variables)
-        with tf.control_dependencies([t for t in rounds._stacked]):
-            for acc in accumulators:
-                if acc is not None:
-                    acc.assign(tf.zeros_like(acc.value))
-            self._passes.assign(0)
-        rounds.apply_with(self._apply_one, variables)
-
-    def _densify(self, grad, var):
-        if isinstance(grad, tf.IndexedSlices):
-            if not self.sparse_as_dense:
-                raise UnsupportedInputError(
-                    f"rank {rank_label()}: the gradient of {getattr(var, 'path', var)!r} is sparse "
-                    "(tf.IndexedSlices); pass sparse_as_dense=True to DistributedOptimizer")
-            return tf.convert_to_tensor(grad)
-        return grad
+        self.__dict__["post_variables"] = variables
+        try:
+            if handoff.claimed_by_tape(grads):
+                raise ConfigError(
+                    f"rank {rank_label()}: DistributedOptimizer {self.name!r} got gradients that a "
+                    "DistributedGradientTape already reduced; use one of the two (a plain Keras optimizer with the "
+                    "tape)")
+            if self.backward_passes_per_step == 1:
+                self.exchange.exchange(grads, variables).apply_with(self._apply_one, variables)
+            else:
+                self._accumulation.add(grads, variables, self.model_variables, self._apply_one)
+        except tf.errors.OpError as err:
+            if not tf.executing_eagerly():
+                raise
+            self.exchange.reraise(err)
 
     def add_round_lr_rule(self, rule) -> None:
         """Before every update, call ``rule(r)`` (``r = iterations``, a Python
@@ -400,41 +335,15 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
             opt.add_round_lr_rule(lambda r: 0.1 if r < 1000 else 0.01)
         """
-        inner = self.inner_optimizer
-        try:
-            float(inner.learning_rate)
-        except TypeError as err:
-            raise ConfigError(
-                f"the inner optimizer {inner.name!r} has a learning-rate schedule, which a round-driven "
-                "learning-rate callback cannot override; create it with a float learning_rate") from err
-        self._lr_rules.append(rule)
+        self._rates.add_rule(self.inner_optimizer, rule)
 
     def remove_round_lr_rule(self, rule) -> None:
         """Stop calling ``rule`` (see :meth:`add_round_lr_rule`)."""
-        self._lr_rules = [r for r in self._lr_rules if r is not rule]
-
-    def _rule_rate(self, update) -> np.float64:
-        rate = None
-        for rule in list(self._lr_rules):
-            value = rule(int(update))
-            if value is not None:
-                rate = value
-        return np.float64(np.nan if rate is None else rate)
+        self._rates.remove_rule(rule)
 
     def _apply_one(self, grads, variables):
-        inner = self.inner_optimizer
-        if self._lr_rules:
-            current = tf.convert_to_tensor(inner.learning_rate)
-            wanted = tf.numpy_function(self._rule_rate, [inner.iterations], tf.float64, stateful=True,
-                                       name="hvd_partial_lr_rule")
-            wanted.set_shape([])
-            inner.learning_rate = tf.where(tf.math.is_nan(wanted), current, tf.cast(wanted, current.dtype))
-        if self._lr_fn is not None:
-            step = tf.cast(inner.iterations, tf.float32)
-            current = tf.convert_to_tensor(inner.learning_rate)
-            wanted = tf.cast(self._lr_fn(step), current.dtype)
-            inner.learning_rate = tf.where(step <= float(self._lr_until), wanted, current)
-        inner.apply(grads, variables)
+        self._rates.before_update(self.inner_optimizer)
+        self.inner_optimizer.apply(grads, variables)
 
     def verify_across_ranks(self, variables=None) -> None:
         """Collective (every rank, eagerly): check that every rank wraps the same
@@ -447,7 +356,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             opt.build(model.trainable_variables)
             opt.verify_across_ranks()
         """
-        variables = list(variables if variables is not None else (self._model_variables or []))
+        variables = list(variables if variables is not None else (self.model_variables or []))
         settings = (mode_to_config(self.mode), self.op.value, self.compression.name, self.max_staleness,
                     self.sparse_as_dense, self.backward_passes_per_step, self.average_aggregated_gradients)
         mine = (self.stream_name, settings, [(tuple(v.shape), str(v.dtype)) for v in variables])
@@ -482,30 +391,25 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
             opt.flush()          # custom loop: before evaluation or a checkpoint
         """
-        if self._post_variables is None:
+        if self.post_variables is None:
             return 0  # nothing was ever posted from here
-        variables = self._post_variables
+        variables = self.post_variables
         try:
             applied = 0
-            if self.backward_passes_per_step > 1 and int(self._passes.numpy()) > 0:
+            if self.backward_passes_per_step > 1:
                 # Gradients of the last incomplete group of passes are not lost.
-                active = {s.index for s in self._exchange.plan.slots}
-                accumulators = self._accumulators_for(variables, [i in active for i in range(len(variables))])
-                before = self._exchange.updates
-                # Compiled, as in a train step (see apply_compiled).
-                tf.function(lambda: self._post_accumulated(accumulators, variables), autograph=False)()
-                applied += self._exchange.updates - before
-            rounds = self._exchange.flush(variables)
+                applied += self._accumulation.flush_pending(variables, self.model_variables, self._apply_one)
+            rounds = self.exchange.flush(variables)
             applied += apply_compiled(rounds, self._apply_one, variables, self.__dict__.setdefault("_compiled", {}),
                                       tuple(id(v) for v in variables))
         except tf.errors.OpError as err:
-            self._exchange.reraise(err)
+            self.exchange.reraise(err)
         log.debug("rank %s: flushed %s, %d updates applied", rank_label(), self.stream_name, applied)
         return applied
 
     def finalize_variable_values(self, var_list):
         # model.fit calls this once after its last epoch, on every rank.
-        if not self._fit_flushes_epochs:
+        if not self.fit_flushes_epochs:
             self.flush()
         self.inner_optimizer.finalize_variable_values(var_list)
 
@@ -532,3 +436,15 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         config["op"] = ReduceOp(config.get("op", "average"))
         config["compression"] = Compression.by_name(config.get("compression", "none"))
         return cls(inner, **config)
+
+
+def assign_weights(variables: list, weights: list, name: str) -> None:
+    """Assign saved ``weights`` to an optimizer's ``variables``, checking their count and shapes."""
+    if len(weights) != len(variables):
+        raise UnsupportedInputError(f"set_weights() got {len(weights)} arrays for the {len(variables)} variables "
+                                    f"of DistributedOptimizer {name!r}")
+    for variable, weight in zip(variables, weights):
+        if tuple(variable.shape) != tuple(np.shape(weight)):
+            raise UnsupportedInputError(f"optimizer variable {variable.path!r} has shape {tuple(variable.shape)}, "
+                                        f"the saved value {tuple(np.shape(weight))}")
+        variable.assign(weight)

@@ -19,7 +19,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,22 +27,15 @@ import tensorflow as tf
 import hvd_partial as _core
 from ..errors import ConfigError, EngineError, HvdPartialError, StreamConflictError, UnsupportedInputError
 from ..modes import Mode, ReduceOp
+from . import state
 from .compression import Compression, Compressor
 
 log = logging.getLogger("hvd_partial.tensorflow")
 
-# Streams this process has posted to since init, across exchange objects (a
-# reloaded Keras model gets a new optimizer object for an already registered
-# stream): name -> the init it was posted under (the Config object of that
-# init), so that after shutdown() and init() no stream counts as posted.
-_posted_streams: dict[str, object] = {}
-_registry_lock = threading.Lock()
-_exchanges: dict[str, "GradientExchange"] = {}
-
-
-# Code that builds graph ops with plain Python control flow: AutoGraph would
-# only re-convert it (seconds per trace) when a user's tf.function calls it.
-_graph_builder = tf.autograph.experimental.do_not_convert
+#: Decorator for code that builds graph ops with plain Python control flow:
+#: AutoGraph would only re-convert it (seconds per trace) when a user's
+#: tf.function calls it. Shared by the tape, the hand-off and the Keras optimizer.
+graph_builder = tf.autograph.experimental.do_not_convert
 
 
 def init_generation():
@@ -53,8 +45,11 @@ def init_generation():
 
 def posted_since_init(name: str) -> bool:
     """True if this process posted to stream ``name`` since the latest ``init``."""
-    token = _posted_streams.get(name)
-    return token is not None and token is init_generation()
+    tf_state = state.current()
+    if tf_state is None:
+        return False
+    with tf_state.lock:
+        return name in tf_state.posted
 
 
 def rank_label() -> str:
@@ -101,7 +96,7 @@ class Group:
         return sum(s.size for s in self.slots)
 
 
-def _buckets(order: dict, limit: int | None):
+def fusion_buckets(order: dict, limit: int | None):
     """Groups of one wire dtype each, at most ``limit`` bytes (fusion_threshold_bytes;
     a larger gradient travels alone), in the order of ``order``."""
     for wire, members in order.items():
@@ -184,21 +179,22 @@ class RoundGradients:
 
     def __init__(self, plan: GradientPlan | None, stacked: list, sources: list | None = None):
         self.plan = plan
-        self._stacked = stacked  # per group: (k, group size)
+        #: Per group of the plan, the rounds' wire gradients: a (k, group size) tensor.
+        self.stacked = stacked
         self.sources = sources
 
     @property
     def count(self):
-        if not self._stacked:
+        if not self.stacked:
             return tf.constant(0, dtype=tf.int32)
-        return tf.shape(self._stacked[0], out_type=tf.int32)[0]
+        return tf.shape(self.stacked[0], out_type=tf.int32)[0]
 
-    @_graph_builder
+    @graph_builder
     def round(self, i) -> list:
         """Gradients of round ``i`` (0 = oldest taken), aligned with the sources."""
         if self.plan is None:
             raise IndexError("no rounds were taken")
-        return self.plan.from_wire([rows[i] for rows in self._stacked])
+        return self.plan.from_wire([rows[i] for rows in self.stacked])
 
     def __len__(self) -> int:
         if not tf.executing_eagerly():
@@ -209,7 +205,7 @@ class RoundGradients:
         for i in range(len(self)):
             yield self.round(i)
 
-    @_graph_builder
+    @graph_builder
     def apply(self, optimizer, variables=None):
         """Apply every round, oldest first, with ``optimizer.apply_gradients``
         (one update per round). Returns k. Works eagerly and in ``tf.function``."""
@@ -220,7 +216,7 @@ class RoundGradients:
             optimizer.build(list(variables))
         return self.apply_with(update, variables)
 
-    @_graph_builder
+    @graph_builder
     def apply_with(self, update, variables=None):
         """Call ``update(grads, variables)`` once per round, in order, leaving out
         sources without a gradient. Returns k."""
@@ -269,7 +265,7 @@ def apply_compiled(rounds: RoundGradients, update, variables, cache: dict, key) 
         fn = cache[key] = (plan, tf.function(run, input_signature=spec, autograph=False))
     if int(rounds.count) == 0:
         return 0
-    return int(fn[1](*rounds._stacked))
+    return int(fn[1](*rounds.stacked))
 
 
 class GradientExchange:
@@ -288,7 +284,7 @@ class GradientExchange:
 
     def __init__(self, name: str, mode: Mode | None = None, op: ReduceOp = _core.Average,
                  compression: Compressor = Compression.none, max_staleness: int | None = None,
-                 sparse_as_dense: bool = False, owner: str = "gradients"):
+                 sparse_as_dense: bool = False, owner: str = "gradients", tape_stream: bool = False):
         if not isinstance(name, str) or not name:
             raise TypeError(f"stream name must be a non-empty str, got {name!r}")
         mode = _core.stream_options(mode, op, max_staleness)
@@ -301,6 +297,8 @@ class GradientExchange:
         self.max_staleness = max_staleness
         self.sparse_as_dense = bool(sparse_as_dense)
         self.owner = owner
+        #: A DistributedGradientTape stream: every post enters it in the session's registry.
+        self.tape_stream = tape_stream
         self.plan: GradientPlan | None = None
         #: Updates handed out so far (rounds with at least one contributor).
         self.updates = 0
@@ -310,9 +308,9 @@ class GradientExchange:
         #: The facts of the rounds taken by the latest post or flush.
         self.last_results: list = []
         self.last_error: BaseException | None = None
-        # Rounds handed out by DistributedGradientTape.gradient() that must all
-        # be applied before the next post: (init token, k, slots not yet applied).
-        self._owed: tuple | None = None
+        #: Rounds handed out by DistributedGradientTape.gradient() that must all
+        #: be applied before the next post: (init token, k, slots not yet applied); None when none are owed.
+        self.owed: tuple | None = None
 
     @property
     def settings(self) -> tuple:
@@ -361,7 +359,7 @@ class GradientExchange:
             order.setdefault(slot.wire, []).append(slot)
         cfg = _core.config() if _core.is_initialized() else None
         limit = cfg.fusion_threshold_bytes if cfg is not None else None
-        plan = GradientPlan(len(grads), tuple(_buckets(order, limit)))
+        plan = GradientPlan(len(grads), tuple(fusion_buckets(order, limit)))
         if self.plan is None:
             self.plan = plan
         elif plan != self.plan:
@@ -373,7 +371,7 @@ class GradientExchange:
 
     # -- posting ------------------------------------------------------------------
 
-    @_graph_builder
+    @graph_builder
     def exchange(self, grads, sources, handed_out: bool = False) -> RoundGradients:
         """Post ``grads`` (aligned with ``sources``) and return the rounds taken.
 
@@ -409,7 +407,7 @@ class GradientExchange:
         if self.plan is None or not posted_since_init(self.name):
             # Nothing posted here, so nothing to flush (and no stream to name).
             return None
-        self._check_owed()
+        self.check_owed()
         return _core.flush_async(self.name)
 
     def finish_flush(self, handle, sources=None) -> RoundGradients:
@@ -428,18 +426,20 @@ class GradientExchange:
         if k == 0:
             raise EngineError(f"rank {rank_label()}: a post to stream {self.name!r} took no round with data")
         slots = frozenset(s.index for s in self.plan.slots)
-        self._owed = (init_generation(), k, slots) if k > 1 else None
+        self.owed = (init_generation(), k, slots) if k > 1 else None
         return stacked
 
     def mark_applied(self, slots) -> None:
         """Numpy side: every round of the latest hand-out was applied to ``slots``."""
-        owed = self._owed
+        owed = self.owed
         if owed is not None:
             left = owed[2] - frozenset(int(i) for i in np.ravel(slots))
-            self._owed = (owed[0], owed[1], left) if left else None
+            self.owed = (owed[0], owed[1], left) if left else None
 
-    def _check_owed(self) -> None:
-        owed, self._owed = self._owed, None
+    def check_owed(self) -> None:
+        """Raise ``ConfigError`` if the latest hand-out of this init took k > 1 rounds and some
+        gradient did not have them all applied (checked, and forgotten, at every post and flush)."""
+        owed, self.owed = self.owed, None
         if owed is None or owed[0] is not init_generation():
             return
         names = ", ".join(f"#{i}" for i in sorted(owed[2]))
@@ -452,11 +452,15 @@ class GradientExchange:
 
     def _post_and_take(self, *flats):
         try:
-            self._check_owed()
+            self.check_owed()
             arrays = [np.ascontiguousarray(f) for f in flats]
             handle = _core.grouped_partial_allreduce_async(arrays, self.name, mode=self.mode, op=self.op,
                                                            max_staleness=self.max_staleness)
-            _posted_streams[self.name] = init_generation()
+            tf_state = state.require()
+            with tf_state.lock:
+                tf_state.posted.add(self.name)
+            if self.tape_stream:  # also when traced before the latest init: flush_tapes() finds it
+                tf_state.enter_tape_exchange(self)
             self.posts += 1
             results = _core.synchronize(handle)
             return self._stack(results)
@@ -492,13 +496,15 @@ class GradientExchange:
 
 
 def exchange_for(name: str, mode, op, compression, max_staleness, sparse_as_dense, owner: str) -> GradientExchange:
-    """The process-wide exchange named ``name`` (tapes are created anew every
+    """This session's exchange named ``name`` (tapes are created anew every
     step, their stream is not); its settings must not change."""
-    with _registry_lock:
-        found = _exchanges.get(name)
-        if found is None:
-            found = _exchanges[name] = GradientExchange(name, mode, op, compression, max_staleness,
-                                                        sparse_as_dense, owner)
+    tf_state = state.require()
+    with tf_state.lock:
+        found = tf_state.exchanges.get(name)
+    if found is None:
+        made = GradientExchange(name, mode, op, compression, max_staleness, sparse_as_dense, owner, tape_stream=True)
+        found = tf_state.enter_tape_exchange(made)
+        if found is made:
             return found
     wanted = (_core.default_mode() if mode is None else mode, op, compression.name, max_staleness, bool(sparse_as_dense))
     if found.settings != wanted:
@@ -509,5 +515,9 @@ def exchange_for(name: str, mode, op, compression, max_staleness, sparse_as_dens
 
 
 def existing_exchange(name: str) -> GradientExchange | None:
-    with _registry_lock:
-        return _exchanges.get(name)
+    """This session's exchange named ``name``; None if no tape used it (or no session runs)."""
+    tf_state = state.current()
+    if tf_state is None:
+        return None
+    with tf_state.lock:
+        return tf_state.exchanges.get(name)

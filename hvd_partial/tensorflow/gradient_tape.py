@@ -29,35 +29,29 @@ Example (Horovod's loop, unchanged; solo by default)::
 
 from __future__ import annotations
 
-import threading
-
 import tensorflow as tf
 
 import hvd_partial as _core
 from ..modes import Mode, ReduceOp
-from . import handoff
+from . import handoff, state
 from .basics import global_process_set, require_default, require_global
 from .compression import Compression, Compressor
-from .exchange import GradientExchange, RoundGradients, _graph_builder, exchange_for, existing_exchange
+from .exchange import GradientExchange, RoundGradients, exchange_for, existing_exchange, graph_builder
 
 #: Stream of the first set of sources differentiated by tapes created without ``name=``;
 #: later sets get ``.2``, ``.3``, ... in the order this process first uses them.
 DEFAULT_TAPE_STREAM = "tensorflow.DistributedGradientTape"
 
-_names_lock = threading.Lock()
-# (ids of the sources) -> (stream name, the sources, kept alive so their ids stay theirs)
-_default_names: dict[tuple, tuple[str, list]] = {}
-_tape_streams: list[str] = []
-
 
 def _default_stream(sources: list) -> str:
     key = tuple(id(s) for s in sources)
-    with _names_lock:
-        found = _default_names.get(key)
+    tf_state = state.require()
+    with tf_state.lock:
+        names = tf_state.default_names
+        found = names.get(key)
         if found is None:
-            n = len(_default_names)
-            found = _default_names[key] = (DEFAULT_TAPE_STREAM if n == 0 else f"{DEFAULT_TAPE_STREAM}.{n + 1}",
-                                           list(sources))
+            n = len(names)
+            found = names[key] = (DEFAULT_TAPE_STREAM if n == 0 else f"{DEFAULT_TAPE_STREAM}.{n + 1}", list(sources))
         return found[0]
 
 
@@ -98,20 +92,18 @@ class DistributedGradientTape:
         self._name = name
         # Checks the settings now; the stream is chosen at the first gradient() (it depends on the sources).
         _core.stream_options(mode, op, max_staleness)
-        self._exchange: GradientExchange | None = None if name is None else self._exchange_named(name)
+        self._exchange: GradientExchange | None = None
+        if name is not None and _core.is_initialized():
+            self._exchange = self._exchange_named(name)  # a stream used with other settings fails here
 
     def _exchange_named(self, name: str) -> GradientExchange:
         mode, op, compression, max_staleness, sparse_as_dense = self._settings
-        exchange = exchange_for(name, mode, op, compression, max_staleness, sparse_as_dense,
-                                owner=f"DistributedGradientTape({name!r})")
-        with _names_lock:
-            if name not in _tape_streams:
-                _tape_streams.append(name)
-        return exchange
+        return exchange_for(name, mode, op, compression, max_staleness, sparse_as_dense,
+                            owner=f"DistributedGradientTape({name!r})")
 
     def _exchange_for(self, sources: list) -> GradientExchange:
         if self._exchange is None:
-            self._exchange = self._exchange_named(_default_stream(sources))
+            self._exchange = self._exchange_named(self._name or _default_stream(sources))
         return self._exchange
 
     @property
@@ -126,7 +118,7 @@ class DistributedGradientTape:
     @property
     def stream_name(self) -> str | None:
         """The stream (None until the first ``gradient()`` of a tape without ``name=``)."""
-        return None if self._exchange is None else self._exchange.name
+        return self._name if self._exchange is None else self._exchange.name
 
     def __enter__(self):
         self._tape.__enter__()
@@ -139,7 +131,7 @@ class DistributedGradientTape:
         # Only reached for names this class does not define: watch, stop_recording, jacobian, ...
         return getattr(self._tape, attr)
 
-    @_graph_builder
+    @graph_builder
     def gradient_rounds(self, target, sources, output_gradients=None,
                         unconnected_gradients=tf.UnconnectedGradients.NONE) -> RoundGradients:
         """Compute this rank's gradients, post them and return every round the
@@ -165,7 +157,7 @@ class DistributedGradientTape:
                 exchange.reraise(err)
         return exchange.exchange(grads, flat_sources, handed_out=handed_out)
 
-    @_graph_builder
+    @graph_builder
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
         """Horovod's call: the reduced gradients, in the structure of ``sources``.
@@ -229,8 +221,11 @@ def flush_tapes() -> int:
             step(x, y)          # tape.gradient() + opt.apply_gradients()
         hvd.flush_tapes()       # before evaluating or saving
     """
-    with _names_lock:
-        names = list(_tape_streams)
+    tf_state = state.current()
+    if tf_state is None:
+        return 0  # no session, or no tape used in it: nothing to flush
+    with tf_state.lock:
+        names = list(tf_state.tape_streams)
     exchanges = [e for e in (existing_exchange(n) for n in names) if e is not None]
     # Started together: a rank that flushes one stream while others still post
     # to another would hold them back (it stops taking that stream's rounds).

@@ -26,6 +26,8 @@ as its own update, before the next forward pass. So:
 Gradients of a hand-out may be split between several optimizers (each applies
 the k rounds of its part). Mixing them with other gradients in one call, or
 giving a hand-out's variables other gradients, raises ``ConfigError`` at once.
+The hand-outs and their consumers are kept in the session
+(:mod:`hvd_partial.tensorflow.state`): ``shutdown()`` forgets them.
 
 Example::
 
@@ -40,25 +42,18 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import weakref
 
 import numpy as np
 import tensorflow as tf
 
 from ..errors import ConfigError
-from .exchange import GradientExchange, RoundGradients, _graph_builder, apply_compiled, rank_label, source_name
+from . import state
+from .exchange import GradientExchange, RoundGradients, apply_compiled, graph_builder, rank_label, source_name
 
 log = logging.getLogger("hvd_partial.tensorflow")
 
 _MARK = "_hvd_partial_handoff"
-_lock = threading.Lock()
-# id(tensor) -> (HandOut, index among the sources); the HandOut keeps the tensor alive.
-_by_tensor: dict[int, tuple["HandOut", int]] = {}
-# stream name -> its latest hand-out (an older one is dropped when a new one is made)
-_latest: dict[str, "HandOut"] = {}
-# optimizer id -> (weak optimizer, variables, slots): who applied each stream, for flush_tapes()
-_consumers: dict[str, dict[int, tuple]] = {}
 
 
 class HandOut:
@@ -79,26 +74,30 @@ def hand_out(exchange: GradientExchange, rounds: RoundGradients, sources: list) 
     latest = rounds.round(tf.maximum(rounds.count - 1, 0))
     returned = [None if g is None else tf.identity(g) for g in latest]
     handout = HandOut(exchange, rounds, returned, sources)
-    with _lock:
-        old = _latest.pop(exchange.name, None)
+    tf_state = state.require()
+    with tf_state.lock:
+        old = tf_state.latest_handouts.pop(exchange.name, None)
         if old is not None:
             for tensor in old.returned:
                 if tensor is not None:
-                    _by_tensor.pop(id(tensor), None)
-        _latest[exchange.name] = handout
+                    tf_state.handouts_by_tensor.pop(id(tensor), None)
+        tf_state.latest_handouts[exchange.name] = handout
         for i, tensor in enumerate(returned):
             if tensor is not None:
-                _by_tensor[id(tensor)] = (handout, i)
+                tf_state.handouts_by_tensor[id(tensor)] = (handout, i)
     return returned
 
 
-@_graph_builder
+@graph_builder
 def _claim(grads: list):
     """(HandOut, indices) if ``grads`` came from one hand-out; None if from none."""
+    tf_state = state.current()
+    if tf_state is None:
+        return None
     found = []
-    with _lock:
+    with tf_state.lock:
         for g in grads:
-            entry = _by_tensor.get(id(g)) if g is not None else None
+            entry = tf_state.handouts_by_tensor.get(id(g)) if g is not None else None
             found.append(entry if entry is not None and entry[0].returned[entry[1]] is g else None)
     if all(f is None for f in found):
         return None
@@ -112,13 +111,16 @@ def _claim(grads: list):
     return handout, [f[1] for f in found if f is not None]
 
 
-@_graph_builder
+@graph_builder
 def _check_foreign(variables: list) -> None:
     """Raise if ``variables`` belong to a hand-out not yet applied: the
     gradients were changed between ``gradient()`` and the optimizer."""
+    tf_state = state.current()
+    if tf_state is None:
+        return
     ids = {id(v) for v in variables}
-    with _lock:
-        pending = [h for h in _latest.values()
+    with tf_state.lock:
+        pending = [h for h in tf_state.latest_handouts.values()
                    if h.exchange.mode.kind != "sync" and len(h.applied) < sum(g is not None for g in h.returned)]
     for handout in pending:
         touched = [i for i, s in enumerate(handout.sources) if id(s) in ids and handout.returned[i] is not None
@@ -134,12 +136,16 @@ def _check_foreign(variables: list) -> None:
 
 def claimed_by_tape(grads) -> bool:
     """True if any of ``grads`` was returned by ``DistributedGradientTape.gradient()``."""
-    with _lock:
-        return any(g is not None and id(g) in _by_tensor and _by_tensor[id(g)][0].returned[_by_tensor[id(g)][1]] is g
+    tf_state = state.current()
+    if tf_state is None:
+        return False
+    with tf_state.lock:
+        by_tensor = tf_state.handouts_by_tensor
+        return any(g is not None and id(g) in by_tensor and by_tensor[id(g)][0].returned[by_tensor[id(g)][1]] is g
                    for g in grads)
 
 
-@_graph_builder
+@graph_builder
 def _apply_rounds(optimizer, original, handout: HandOut, indices: list, variables: list) -> None:
     for i, var in zip(indices, variables):
         source = handout.sources[i]
@@ -161,16 +167,19 @@ def _apply_rounds(optimizer, original, handout: HandOut, indices: list, variable
     (done,) = tf.while_loop(lambda r: r < count, body, (tf.constant(0, dtype=tf.int32),), parallel_iterations=1)
     exchange = handout.exchange
     slots = np.array(indices, dtype=np.int32)
+    consumer = (weakref.ref(optimizer), list(variables), list(indices))
+    optimizer_id = id(optimizer)
 
     def mark(_):
         exchange.mark_applied(slots)
+        # At run time: a function traced before the latest init() still reaches flush_tapes().
+        tf_state = state.require()
+        with tf_state.lock:
+            tf_state.consumers.setdefault(exchange.name, {})[optimizer_id] = consumer
         return np.int32(0)
 
     tf.numpy_function(mark, [done], tf.int32, stateful=True, name="hvd_partial_rounds_applied")
     handout.applied.update(indices)
-    with _lock:
-        _consumers.setdefault(exchange.name, {})[id(optimizer)] = (weakref.ref(optimizer), list(variables),
-                                                                   list(indices))
 
 
 def install() -> None:
@@ -183,12 +192,13 @@ def install() -> None:
         return
 
     @functools.wraps(original)
-    @_graph_builder
+    @graph_builder
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
         claimed = _claim(grads) if grads else None
         if claimed is None:
-            if trainable_variables is not None and _latest:
+            tf_state = state.current()
+            if trainable_variables is not None and tf_state is not None and tf_state.latest_handouts:
                 _check_foreign(list(trainable_variables))
             return original(self, grads, trainable_variables)
         handout, indices = claimed
@@ -205,17 +215,17 @@ def install() -> None:
 def consumers(name: str) -> list[tuple]:
     """(optimizer, variables, source indices) of every optimizer still alive
     that applied stream ``name``'s hand-outs."""
+    tf_state = state.current()
+    if tf_state is None:
+        return []
     out = []
-    with _lock:
-        entries = list(_consumers.get(name, {}).values())
+    with tf_state.lock:
+        entries = list(tf_state.consumers.get(name, {}).values())
     for ref, variables, indices in entries:
         optimizer = ref()
         if optimizer is not None:
             out.append((optimizer, variables, indices))
     return out
-
-
-_compiled: dict = {}
 
 
 def apply_flush(exchange: GradientExchange, rounds: RoundGradients) -> int:
@@ -240,6 +250,6 @@ def apply_flush(exchange: GradientExchange, rounds: RoundGradients) -> int:
             original(optimizer, [by_source[i] for i in indices], variables)
 
         active_slots = [s.index for s in rounds.plan.slots]
-        apply_compiled(rounds, update, [None] * rounds.plan.count, _compiled,
+        apply_compiled(rounds, update, [None] * rounds.plan.count, state.require().compiled_flushes,
                        (exchange.name, id(optimizer), tuple(indices)))
     return k

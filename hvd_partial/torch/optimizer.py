@@ -29,7 +29,6 @@ import warnings
 import weakref
 from collections import deque
 
-import numpy as np
 import torch
 
 import hvd_partial as _core
@@ -39,7 +38,7 @@ from ..core.round_result import RoundResult
 from ..errors import ConfigError, HvdPartialError, MismatchError, UnsupportedInputError
 from ..modes import Mode, ReduceOp
 from .compression import Compression
-from .tensors import HostStaging, wire_dtype
+from .parameter_grads import ParameterGradients, rank_label
 
 log = logging.getLogger("hvd_partial.torch")
 
@@ -71,22 +70,13 @@ class _PassCounter:
         for pid, n in self.counts.items():
             if n > self.limit:
                 raise SynchronizationError(
-                    f"rank {_rank()}: parameter {self.names.get(pid, '?')!r} accumulated a gradient {n} times "
+                    f"rank {rank_label()}: parameter {self.names.get(pid, '?')!r} accumulated a gradient {n} times "
                     f"before optimizer.step(); backward_passes_per_step={self.limit}. Raise "
                     "backward_passes_per_step to accumulate gradients locally, or call step() (or zero_grad()) "
                     "in between")
 
     def reset(self) -> None:
         self.counts.clear()
-
-
-def _rank() -> int | str:
-    try:
-        return _core.rank()
-    except HvdPartialError:
-        # The engine failed (another rank raised first): the rank is still known.
-        current = _session.current()
-        return current.transport.rank if current is not None else "?"
 
 
 class DistributedOptimizer:
@@ -177,7 +167,6 @@ class DistributedOptimizer:
         self._sparse_as_dense = bool(sparse_as_dense)
         self._name = name or f"torch.DistributedOptimizer.{next(_wrapped_count)}"
         self._named = None if named_parameters is None else list(named_parameters)
-        self._staging = HostStaging()
         self._queue: deque[RoundResult] = deque()
         self._synchronized = False
         self._should_sync = True
@@ -198,46 +187,12 @@ class DistributedOptimizer:
     # ===== parameters ======================================================================
 
     def _collect_parameters(self) -> None:
-        everything = [p for group in self._inner.param_groups for p in group["params"]]
-        if self._named is not None:
-            names: dict[int, str] = {}
-            seen: set[str] = set()
-            for n, p in self._named:
-                if n in seen:
-                    raise ValueError(f"named_parameters lists the name {n!r} twice")
-                seen.add(n)
-                names.setdefault(id(p), n)
-            missing = [p for p in everything if id(p) not in names]
-            if missing:
-                raise ValueError(f"named_parameters was given, but {len(missing)} of the optimizer's "
-                                 f"{len(everything)} parameters are not in it")
-        else:
-            names = {}
-            for gi, group in enumerate(self._inner.param_groups):
-                for pi, p in enumerate(group["params"]):
-                    names[id(p)] = f"param_groups[{gi}].params[{pi}]"
-        for p in everything:
-            if p.is_sparse:
-                raise UnsupportedInputError(f"parameter {names[id(p)]!r} is a sparse tensor; not supported")
-        self._names_by_id = names
-        self._params = [p for p in everything if p.requires_grad]
-        self._frozen = [p for p in everything if not p.requires_grad]
-        self._names = [names[id(p)] for p in self._params]
-        for p in self._params:
-            wire_dtype(self._compressed_dtype(p.dtype), f"parameter {names[id(p)]!r}")
-        self._zeros: dict[int, torch.Tensor] = {}
-        # Sync mode: parameters whose gradients are sparse, reduced Horovod's way
-        # (allgather of indices and values) beside the dense stream; fixed at the first step.
-        self._sparse_idx: list[int] | None = None
-        self._sparse_grads: dict[int, torch.Tensor] = {}
+        self._grads = ParameterGradients(self._inner, self._named, self._compression, self._sparse_as_dense,
+                                         self._name)
         for handle in self._hook_handles:
             handle.remove()
-        self._passes = _PassCounter(self._backward_passes, names)
-        self._hook_handles = [p.register_post_accumulate_grad_hook(self._passes) for p in self._params]
-
-    def _compressed_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        wire, _ = self._compression.compress(torch.zeros(0, dtype=dtype))
-        return wire.dtype
+        self._passes = _PassCounter(self._backward_passes, self._grads.names_by_id)
+        self._hook_handles = [p.register_post_accumulate_grad_hook(self._passes) for p in self._grads.params]
 
     # ===== Horovod's interface ============================================================
 
@@ -307,7 +262,7 @@ class DistributedOptimizer:
                               UserWarning, stacklevel=2)
         elif not self._should_sync:
             raise SynchronizationError(
-                f"rank {_rank()}: step() inside skip_synchronize() without a prior synchronize() would apply this "
+                f"rank {rank_label()}: step() inside skip_synchronize() without a prior synchronize() would apply this "
                 "rank's local gradient alone and the replicas would diverge; call optimizer.synchronize() first")
         else:
             self.synchronize()
@@ -342,8 +297,8 @@ class DistributedOptimizer:
             return self.last_results
         self._listen_for_unpark()
         self._passes.check()
-        self._settle_sparse_layout()
-        arrays, ctxs = self._local_gradients()
+        self._grads.settle_sparse_layout(self._mode)
+        arrays, ctxs = self._grads.pack(self._mode)
         handle = _core.grouped_partial_allreduce_async(arrays, self._name, mode=self._mode, op=self._op,
                                                        max_staleness=self._max_staleness)
         try:
@@ -352,7 +307,7 @@ class DistributedOptimizer:
             raise self._explain_mismatch(err) from err
         results = self._parked_rounds + results
         self._parked_rounds = []
-        self._reduce_sparse()
+        self._grads.reduce_sparse(self._op)
         self._ctxs = ctxs
         self._posted = True
         self._dirty = self._mode.kind != "sync"
@@ -361,8 +316,8 @@ class DistributedOptimizer:
         self.last_results = [r.facts_only() for r in results]
         first = next((r for r in results if r.has_data), None)
         if first is not None:
-            self._load(first)
-            self._loaded = (first.round, self._grad_versions())
+            self._grads.load(first, ctxs)
+            self._loaded = (first.round, self._grads.versions())
         self._synchronized = True
         return self.last_results
 
@@ -432,7 +387,7 @@ class DistributedOptimizer:
         if self._dirty:
             log.warning("rank %s: state_dict() of %s without flush() since the last step: this rank's gradients "
                         "still pending in the engine are not saved; call optimizer.flush() on every rank first",
-                        _rank(), self._name)
+                        rank_label(), self._name)
         sd = self._inner.state_dict()
         sd[STATE_KEY] = {"format": 1, "rounds": self.rounds, "updates": self._updates, "stream": self._name,
                          "mode": list(self._mode.describe()), "flushed": not self._dirty}
@@ -450,12 +405,12 @@ class DistributedOptimizer:
             self._updates = int(extra.get("updates", 0))
             if not extra.get("flushed", True):
                 log.warning("rank %s: loading a state dict saved without flush(); gradients that were pending "
-                            "when it was saved are lost", _rank())
+                            "when it was saved are lost", rank_label())
 
     def add_param_group(self, param_group: dict) -> None:
         if self._posted:
             raise UnsupportedInputError(
-                f"rank {_rank()}: add_param_group() after the first step: the stream {self._name!r} has a fixed "
+                f"rank {rank_label()}: add_param_group() after the first step: the stream {self._name!r} has a fixed "
                 "layout. Add every group before the first step, or wrap a new optimizer")
         self._inner.add_param_group(param_group)
         self._collect_parameters()
@@ -540,110 +495,19 @@ class DistributedOptimizer:
         if self._synchronized:  # rounds are loaded for step(): apply these after them, at the next step
             self._parked_rounds.extend(results)
             return
-        grads = [p.grad for p in self._params]  # the user's local gradients stay as they were
+        params = self._grads.params
+        grads = [p.grad for p in params]  # the user's local gradients stay as they were
         hyper = self._hyper
         try:
             self._queue = deque(results)
             self._loaded = None
             self._apply_queue()
         finally:
-            for p, g in zip(self._params, grads):
+            for p, g in zip(params, grads):
                 p.grad = g
         if not any(r.has_data for r in results):
             self._hyper = hyper  # nothing applied: a change of hyperparameters after flush() stays allowed
         self.last_results = [r.facts_only() for r in results]
-
-    def _local_gradients(self):
-        for p in self._frozen:
-            if p.grad is not None:
-                raise UnsupportedInputError(
-                    f"rank {_rank()}: parameter {self._names_by_id[id(p)]!r} had requires_grad=False when the "
-                    "optimizer was wrapped but now has a gradient; the stream's layout is fixed. Wrap the "
-                    "optimizer again after unfreezing")
-        wires, ctxs = [], []
-        sparse = set(self._sparse_idx or ())
-        for i, (p, name) in enumerate(zip(self._params, self._names)):
-            if i in sparse:
-                continue
-            g = p.grad
-            if g is None:
-                g = self._zeros.get(i)
-                if g is None:
-                    g = self._zeros[i] = torch.zeros(p.shape, dtype=p.dtype)
-            elif g.is_sparse:
-                if not self._sparse_as_dense:
-                    if self._mode.kind == "sync":
-                        raise UnsupportedInputError(
-                            f"rank {_rank()}: parameter {name!r} has a sparse gradient now but had a dense one (or "
-                            "none on every rank) at the first step; a parameter's gradients must stay sparse or "
-                            "dense, or pass sparse_as_dense=True")
-                    raise UnsupportedInputError(
-                        f"rank {_rank()}: parameter {name!r} has a sparse gradient, which {self._mode.kind} rounds "
-                        "cannot carry (a round has a fixed dense layout); pass sparse_as_dense=True, or use "
-                        "mode=hvd.Sync(), where sparse gradients are allgathered as in Horovod")
-                g = g.to_dense()
-            wire, ctx = self._compression.compress(g)
-            wires.append(wire)
-            ctxs.append(ctx)
-        names = [n for i, n in enumerate(self._names) if i not in sparse]
-        if not wires:  # every gradient is sparse: the stream still counts the rounds
-            wires, names = [torch.zeros(1, dtype=torch.float32)], ["(rounds)"]
-        return self._staging.to_host(wires, names), ctxs
-
-    def _settle_sparse_layout(self) -> None:
-        """Sync mode, first step: which parameters have sparse gradients (on any rank)."""
-        if self._sparse_idx is not None or self._mode.kind != "sync" or self._sparse_as_dense:
-            return
-        mine = [i for i, p in enumerate(self._params) if p.grad is not None and p.grad.is_sparse]
-        everyone = _core.allgather_object(mine, name=f"{self._name}.sparse_layout")
-        union = sorted(set().union(*map(set, everyone)))
-        for i in union:
-            g = self._params[i].grad
-            if g is not None and not g.is_sparse:
-                raise UnsupportedInputError(
-                    f"rank {_rank()}: parameter {self._names[i]!r} has a dense gradient here but a sparse one on "
-                    "another rank; pass sparse_as_dense=True")
-        self._sparse_idx = union
-
-    def _reduce_sparse(self) -> None:
-        """Sync mode: reduce the sparse gradients by allgather (Horovod's way)."""
-        if not self._sparse_idx:
-            return
-        from .mpi_ops import sparse_allreduce_async, synchronize
-
-        handles = {}
-        for i in self._sparse_idx:
-            p = self._params[i]
-            g = p.grad
-            if g is None:
-                # No gradient on this rank: an empty one, indexed by rows as an embedding's is.
-                g = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64),
-                                            torch.zeros((0, *p.shape[1:]), dtype=p.dtype), p.shape)
-            elif not g.is_sparse:
-                raise UnsupportedInputError(
-                    f"rank {_rank()}: parameter {self._names[i]!r} had a sparse gradient at the first step and has "
-                    "a dense one now; a parameter's gradients must stay sparse or dense")
-            handles[i] = sparse_allreduce_async(g, f"{self._name}.sparse.{self._names[i]}", self._op)
-        self._sparse_grads = {i: synchronize(h).coalesce() for i, h in handles.items()}
-
-    def _load(self, result: RoundResult) -> None:
-        arrays = result.arrays
-        sparse = set(self._sparse_idx or ())
-        params = [p for i, p in enumerate(self._params) if i not in sparse]
-        for i in sparse:
-            grad = self._sparse_grads.get(i)
-            if grad is not None:
-                self._params[i].grad = grad
-        targets = [(p.device, _torch_dtype(a), p.shape) for p, a in zip(params, arrays)]
-        grads = HostStaging.from_host(arrays, targets)
-        for p, g, ctx in zip(params, grads, self._ctxs):
-            g = self._compression.decompress(g, ctx)
-            if g.dtype != p.dtype:
-                g = g.to(p.dtype)
-            p.grad = g
-
-    def _grad_versions(self) -> list:
-        return [(id(p.grad), p.grad._version) for p in self._params if p.grad is not None]
 
     def _apply_queue(self) -> None:
         queue = self._queue
@@ -651,10 +515,10 @@ class DistributedOptimizer:
         self._loaded = None
         self._synchronized = False
         applicable = sum(1 for r in queue if r.has_data)
-        if loaded is not None and applicable > 1 and self._grad_versions() != loaded[1]:
+        if loaded is not None and applicable > 1 and self._grads.versions() != loaded[1]:
             queue.clear()
             raise SynchronizationError(
-                f"rank {_rank()}: p.grad was changed between synchronize() and step(), but this rank took "
+                f"rank {rank_label()}: p.grad was changed between synchronize() and step(), but this rank took "
                 f"{applicable} rounds at once (solo/majority) and the change could apply to only one of them; "
                 "the replicas would diverge. Use optimizer.register_step_pre_hook(...) for per-round clipping")
         while queue:
@@ -665,10 +529,10 @@ class DistributedOptimizer:
                 # and weight decay, which no gradient asked for.
                 continue
             if loaded is None or result.round != loaded[0]:
-                self._load(result)
+                self._grads.load(result, self._ctxs)
             self._inner.step()
             self._updates += 1
-        self._hyper = _hyperparameters(self._inner) if self._mode.kind != "sync" else None
+        self._hyper = hyperparameters(self._inner) if self._mode.kind != "sync" else None
 
     def _check_hyperparameters(self) -> None:
         """Solo and majority: refuse hyperparameters changed between local
@@ -678,14 +542,14 @@ class DistributedOptimizer:
         different ranks and the replicas would diverge silently."""
         if self._hyper is None:
             return
-        now = _hyperparameters(self._inner)
+        now = hyperparameters(self._inner)
         if now == self._hyper:
             return
         changed = sorted({f"param_groups[{i}].{k}" for i, (a, b) in enumerate(zip(now, self._hyper))
                           for k in a.keys() | b.keys() if a.get(k) != b.get(k)}) or ["param_groups"]
         self._hyper = None
         raise SynchronizationError(
-            f"rank {_rank()}: {', '.join(changed)} changed between two local steps in {self._mode.kind} mode. Ranks "
+            f"rank {rank_label()}: {', '.join(changed)} changed between two local steps in {self._mode.kind} mode. Ranks "
             "take different numbers of rounds per local step, so a value set per local step (from the batch index, "
             "or a scheduler stepped per local epoch) reaches different rounds on different ranks and the replicas "
             "diverge. Drive schedules by optimizer.rounds: set them in optimizer.register_step_pre_hook(...) or "
@@ -695,8 +559,7 @@ class DistributedOptimizer:
     def _explain_mismatch(self, err: MismatchError) -> MismatchError:
         """Every rank got ``err`` (the stream was rejected everywhere): compare the
         parameters across ranks to say which one differs."""
-        mine = [(n, list(p.shape), str(self._compressed_dtype(p.dtype)).replace("torch.", ""))
-                for n, p in zip(self._names, self._params)]
+        mine = self._grads.describe()
         try:
             everyone = _core.allgather_object(mine)
         except HvdPartialError:
@@ -716,12 +579,12 @@ class DistributedOptimizer:
                     break
         if not problems:
             return err
-        return MismatchError(f"rank {_rank()}: DistributedOptimizer stream {self._name!r}: the model differs across "
+        return MismatchError(f"rank {rank_label()}: DistributedOptimizer stream {self._name!r}: the model differs across "
                              f"ranks: {'; '.join(problems)}. Every rank must wrap the same parameters "
                              f"(same order, shapes and dtypes)")
 
 
-def _hyperparameters(optimizer) -> list:
+def hyperparameters(optimizer) -> list:
     """The param groups' hyperparameters (everything but the parameters), comparable with ==
     (a tensor-valued one by its values: an in-place change counts). Runs twice per step: kept lean."""
     out = []
@@ -733,13 +596,3 @@ def _hyperparameters(optimizer) -> list:
                 values[key] = tuple(value.detach().reshape(-1).tolist())  # same keys: safe while iterating
         out.append(values)
     return out
-
-
-_TORCH_DTYPES: dict = {}
-
-
-def _torch_dtype(array: np.ndarray) -> torch.dtype:
-    dtype = _TORCH_DTYPES.get(array.dtype)
-    if dtype is None:
-        dtype = _TORCH_DTYPES[array.dtype] = torch.from_numpy(np.empty(0, dtype=array.dtype)).dtype
-    return dtype

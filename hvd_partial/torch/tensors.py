@@ -100,14 +100,14 @@ class HostStaging:
             if device.type == "cpu":
                 t = torch.from_numpy(a)
             else:
-                t = _upload_slice(a, device, uploads)
+                t = upload_slice(a, device, uploads)
             if t.dtype != dtype:
                 t = t.to(dtype)
             out.append(t.view(shape))
         return out
 
 
-def _upload_slice(a: np.ndarray, device: torch.device, uploads: dict) -> torch.Tensor:
+def upload_slice(a: np.ndarray, device: torch.device, uploads: dict) -> torch.Tensor:
     """``a`` on ``device``; when ``a`` is a view of a larger contiguous buffer
     (the engine's fused result), that buffer is uploaded only once."""
     base = a.base

@@ -50,6 +50,9 @@ def test_changed_gradients_fail_clearly_on_every_rank(loop_run):
 
 
 def test_tape_and_keras_streams_survive_shutdown_and_init(loop_run):
-    generations = [res["reinit"] for res in loop_run.values()]
+    generations = [res["reinit"]["generations"] for res in loop_run.values()]
     assert all(g == generations[0] for g in generations), generations
     assert generations[0][1][2] > generations[0][0][2]  # training went on after init()
+    for rank, res in loop_run.items():
+        assert res["reinit"]["fresh_after_init"], rank  # shutdown() dropped the adapter's state
+        assert res["reinit"]["reentered"], rank  # the traced tape's exchange is the new session's

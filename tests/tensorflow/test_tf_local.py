@@ -125,7 +125,7 @@ def test_plan_fuses_by_wire_dtype_and_restores_shapes_and_none():
 
 
 def test_fusion_threshold_bounds_the_fused_gradient_buffers():
-    from hvd_partial.tensorflow.exchange import GradientExchange, GradientPlan, _buckets
+    from hvd_partial.tensorflow.exchange import GradientExchange, GradientPlan, fusion_buckets
 
     variables = [tf.Variable(tf.zeros(n, dtype)) for n, dtype in
                  [(300, tf.float32), (300, tf.float32), (50, tf.float64), (2000, tf.float32), (10, tf.float32)]]
@@ -135,7 +135,7 @@ def test_fusion_threshold_bounds_the_fused_gradient_buffers():
     order = {}
     for group in unbounded.groups:
         order.setdefault(group.wire, []).extend(group.slots)
-    groups = list(_buckets(order, 2048))  # two 300-float32 gradients (2400 B) do not fit together
+    groups = list(fusion_buckets(order, 2048))  # two 300-float32 gradients (2400 B) do not fit together
     assert [[s.index for s in g.slots] for g in groups] == [[0], [1], [3], [4], [2]]
     for g in groups:
         assert g.size * np.dtype(g.wire).itemsize <= 2048 or len(g.slots) == 1
@@ -202,13 +202,13 @@ def test_a_hand_out_not_fully_applied_fails_the_next_post():
     from hvd_partial.tensorflow.exchange import GradientExchange, init_generation
 
     ex = GradientExchange("owed-check", mode=hvd.Solo())
-    ex._owed = (init_generation(), 3, frozenset({0, 1}))
+    ex.owed = (init_generation(), 3, frozenset({0, 1}))
     ex.mark_applied(np.array([0]))
     with pytest.raises(hvd.ConfigError, match=r"took 3 rounds.*#1"):
-        ex._check_owed()
-    ex._owed = (init_generation(), 2, frozenset({0}))
+        ex.check_owed()
+    ex.owed = (init_generation(), 2, frozenset({0}))
     ex.mark_applied(np.array([0]))
-    ex._check_owed()  # every gradient had its rounds applied
+    ex.check_owed()  # every gradient had its rounds applied
 
 
 def _other_backends():

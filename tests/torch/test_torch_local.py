@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 import hvd_partial  # noqa: E402
 import hvd_partial.torch as hvd  # noqa: E402
-from hvd_partial.torch.tensors import HostStaging, _upload_slice, wire_dtype  # noqa: E402
+from hvd_partial.torch.tensors import HostStaging, upload_slice, wire_dtype  # noqa: E402
 
 
 def test_horovod_names_are_exported():
@@ -52,8 +52,8 @@ def test_results_come_back_as_views_of_the_result_buffer():
 def test_device_upload_slices_the_fused_buffer_once():
     fused = np.arange(10, dtype=np.float64)
     uploads = {}
-    a = _upload_slice(fused[2:5], torch.device("cpu"), uploads)
-    b = _upload_slice(fused[5:10].reshape(5), torch.device("cpu"), uploads)
+    a = upload_slice(fused[2:5], torch.device("cpu"), uploads)
+    b = upload_slice(fused[5:10].reshape(5), torch.device("cpu"), uploads)
     assert a.tolist() == [2.0, 3.0, 4.0] and b.tolist() == [5.0, 6.0, 7.0, 8.0, 9.0]
     assert len(uploads) == 1
 
@@ -128,17 +128,17 @@ def test_collectives_before_init_raise():
 
 
 def test_hyperparameter_snapshots_see_every_change_but_the_parameters():
-    from hvd_partial.torch.optimizer import _hyperparameters
+    from hvd_partial.torch.optimizer import hyperparameters
 
     params = [torch.nn.Parameter(torch.zeros(2))]
     opt = torch.optim.SGD(params, lr=torch.tensor(0.1), momentum=0.9)
-    before = _hyperparameters(opt)
-    assert "params" not in before[0] and before == _hyperparameters(opt)
+    before = hyperparameters(opt)
+    assert "params" not in before[0] and before == hyperparameters(opt)
     opt.param_groups[0]["lr"].fill_(0.2)  # a tensor changed in place counts
-    assert _hyperparameters(opt) != before
-    before = _hyperparameters(opt)
+    assert hyperparameters(opt) != before
+    before = hyperparameters(opt)
     opt.param_groups[0]["momentum"] = 0.5
-    assert _hyperparameters(opt) != before
-    before = _hyperparameters(opt)
+    assert hyperparameters(opt) != before
+    before = hyperparameters(opt)
     params[0].data.add_(1)  # the parameters themselves are not hyperparameters
-    assert _hyperparameters(opt) == before
+    assert hyperparameters(opt) == before

@@ -25,11 +25,11 @@ def _post_all(world, times=1):
 
 
 def _record_decisions(world):
-    """Every message rank 0's control policy sends, as (dest, message)."""
+    """Every message rank 0 sends (its control policy's decisions among them), as (dest, message)."""
     sent = []
-    control = world.ranks[0].driver.control
-    send = control._send
-    control._send = lambda dest, message: (sent.append((dest, message)), send(dest, message))
+    rank = world.ranks[0]
+    send = rank.send  # the host's send: every message of rank 0's driver leaves through it
+    rank.send = lambda dest, message: (sent.append((dest, message)), send(dest, message))
     return sent
 
 

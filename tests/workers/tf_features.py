@@ -170,7 +170,7 @@ def jit_compiled_model(rank, size):
     model.compile(optimizer=opt, loss=C.LOSS, steps_per_execution=3)
     model.fit(x[rank::size], y[rank::size], batch_size=4, epochs=1, verbose=0)
     out["multi_step"] = {"digest": C.state_digest(model, opt), "iterations": int(opt.iterations),
-                         "posts": opt._exchange.posts}
+                         "posts": opt.exchange.posts}
     return out
 
 

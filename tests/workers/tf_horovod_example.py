@@ -113,12 +113,12 @@ def main() -> int:
                         "iterations": int(optimizer.iterations), "flushed": updated,
                         "identical": len(set(digests)) == 1})
     for opt in _built:
-        if opt._post_variables is None:
+        if opt.post_variables is None:
             continue
         flushed = opt.flush()
-        digests = hvd.allgather_object(_digest(list(opt._model_variables) + list(opt.variables)))
+        digests = hvd.allgather_object(_digest(list(opt.model_variables) + list(opt.variables)))
         if os.environ.get("HVD_EXAMPLE_DEBUG"):
-            each = hvd.allgather_object([(v.path, _digest([v])) for v in list(opt._model_variables) + list(opt.variables)])
+            each = hvd.allgather_object([(v.path, _digest([v])) for v in list(opt.model_variables) + list(opt.variables)])
             if hvd.rank() == 0:
                 print("DIFFER:", [a[0] for a, b in zip(each[0], each[1]) if a[1] != b[1]], flush=True)
         results.append({"what": f"DistributedOptimizer {opt.stream_name} ({opt.mode.kind})",

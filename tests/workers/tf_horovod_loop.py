@@ -146,6 +146,9 @@ def changed_gradients(rank, size):
 
 def after_reinit(rank, size):
     """The tape stream of adam_loop and a Keras DistributedOptimizer, after shutdown() and init()."""
+    from hvd_partial.tensorflow import state as tf_state
+    from hvd_partial.tensorflow.exchange import existing_exchange, posted_since_init
+
     x, y = C.classification_data(size * 24, seed=5)
     xs, ys = x[rank::size], y[rank::size]
     model = C.mlp(seed=0)
@@ -180,9 +183,15 @@ def after_reinit(rank, size):
         dopt.flush()
         out.append([C.state_digest(model, opt), C.state_digest(model2, dopt), int(opt.iterations)])
         if generation == 0:
+            traced_exchange = existing_exchange("reinit_tape")
             hvd.shutdown()
             hvd.init()
-    return out
+            # The adapter's state went with the session: nothing registered or posted yet.
+            fresh = (tf_state.current() is None and existing_exchange("reinit_tape") is None
+                     and not posted_since_init("reinit_tape"))
+    # The function traced before shutdown() posted through its exchange, which re-entered the new session.
+    reentered = traced_exchange is not None and existing_exchange("reinit_tape") is traced_exchange
+    return {"generations": out, "fresh_after_init": fresh, "reentered": reentered}
 
 
 def main():
