@@ -42,6 +42,7 @@ from .host import EngineHost
 from .leaving import Leaving
 from .liveness import Liveness
 from .pacing import Pacing
+from .readout import EngineReadout
 from .parking import Parking
 from .reductions import Reductions
 from .stats import StatsRecorder
@@ -105,6 +106,7 @@ class Engine:
                               self._intake.queue, self._driver.control.awaiting_start)
         self._intake.poke = self._pacing.poke
         self._leaving = Leaving(transport, self.rank, config.failure_timeout_seconds)
+        self.readout = EngineReadout(self._pacing, self._driver)  # read-only views for tests and benchmarks
         # -- the thread
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"hvd_partial-engine-{self.rank}", daemon=True)
@@ -200,31 +202,6 @@ class Engine:
         self._pacing.poke()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=max(5.0, self.config.abort_grace_seconds + 1.0))
-
-    # ===== read-only views of the engine's state (tests, benchmarks; any thread) =====
-
-    @property
-    def asleep(self) -> bool:
-        """The engine thread sleeps now (idle, or napping while a call waits)."""
-        return self._pacing.asleep
-
-    @property
-    def naps(self) -> int:
-        """How many naps the engine thread took while a call of this rank waited."""
-        return self._pacing.naps
-
-    def stream_state(self, name: str):
-        """This rank's protocol state of stream ``name`` (a
-        :class:`~hvd_partial.core.rank_stream.RankStream`; None if unknown). To read, not to change."""
-        return self._driver.streams.get(name)
-
-    def stream_counters(self, name: str):
-        """What the decentralized rounds of stream ``name`` counted on this rank (a
-        :class:`~hvd_partial.core.decentral.stats.StreamStats`), or None for a
-        stream without them (sync, unknown). To read, not to change."""
-        stream = self._driver.streams.get(name)
-        machine = None if stream is None or stream.id is None else self._driver.control.streams.get(stream.id)
-        return None if machine is None else machine.stats
 
     # ===== what the observer may use (engine thread) =================================
 

@@ -198,13 +198,9 @@ class Observer:
         each child (``ceil(log2 P)`` at most); they reach every rank within
         about three status periods of being made (see docs/design.md)."""
         now = time.perf_counter()
-        with self._lock:
-            peers = self._peers
-            for status, age in bundle.entries:
-                made = now - age
-                known = peers.get(status.rank)
-                if status.rank != self.rank and (known is None or made > known[1]):
-                    peers[status.rank] = (status, made)
+        for status, age in bundle.entries:
+            if status.rank != self.rank:
+                self.record(status, now - age)
         if bundle.down:
             self._send_down(now)
         elif self._parent is not None:  # rank 0 sends its picture down at its own period
@@ -219,7 +215,7 @@ class Observer:
             self._next_status = now + self._interval
             self._send_status(now)
             if self.config.stall_warning_seconds > 0 or self.config.stall_shutdown_seconds > 0:
-                self._inspect(now)
+                self.inspect(now)
         elif self._news_from_below and now - self._last_up >= self._up_gap:
             self._send_up(now)
         if now >= self._next_report:
@@ -242,6 +238,24 @@ class Observer:
 
     # ===== status and stall inspector ================================================
 
+    @property
+    def interval(self) -> float | None:
+        """Seconds between two statuses of this rank (None: statuses are off)."""
+        return self._interval
+
+    @property
+    def peers(self) -> dict[int, tuple[RankStatus, float]]:
+        """A copy of what this rank knows: rank -> (its newest status, when it was made)."""
+        with self._lock:
+            return dict(self._peers)
+
+    def record(self, status: RankStatus, made: float) -> None:
+        """Keep ``status`` (made at ``made``, this rank's perf_counter) unless a newer one is known."""
+        with self._lock:
+            known = self._peers.get(status.rank)
+            if known is None or made > known[1]:
+                self._peers[status.rank] = (status, made)
+
     def _own_status(self, now: float) -> RankStatus:
         busy = self.engine.busy
         with self._lock:
@@ -251,8 +265,7 @@ class Observer:
 
     def _send_status(self, now: float) -> None:
         status = self._own_status(now)
-        with self._lock:
-            self._peers[self.rank] = (status, now)
+        self.record(status, now)
         if self._parent is None:
             self._send_down(now)
         else:
@@ -276,7 +289,7 @@ class Observer:
             for child in self._children:
                 self.engine.tell(child, TAG_STATUS, bundle)
 
-    def _inspect(self, now: float) -> None:
+    def inspect(self, now: float) -> None:
         """Find stalled ranks; warn, or fail past the shutdown time."""
         # A status older than _STALE_PERIODS periods (about three is the most a
         # running tree takes) means its rank, or one on its way up the tree, has

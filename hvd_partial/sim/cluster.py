@@ -176,7 +176,7 @@ class _TimedWorld(LoopbackWorld):
     def __init__(self, sim: "ClusterSimulator", *args, **kwargs):
         self._sim = sim
         super().__init__(*args, **kwargs)
-        self.quorum_counters.on_add = sim._quorum_added
+        self.quorum_counters.on_add = sim.quorum_added
 
     def make_queue(self, kind: str, src: int, dest: int, lane: int = 0) -> deque:
         return _TimedDeque(self._sim, _DELIVER if kind == "channel" else _DONE, src, dest, lane)
@@ -261,8 +261,8 @@ class ClusterSimulator:
         self.serve_free = [0.0] * world_size
         self.serving: list[deque] = [deque() for _ in range(world_size)]
         self.busy = [0.0] * world_size
-        self._send_clock: float | None = None  # while a rank serves: when its last send left
-        self._server: int | None = None
+        self.send_clock: float | None = None  # while a rank serves: when its last send left
+        self.serving_rank: int | None = None
         self._first_send_free = False  # a post's or flush's first send leaves at once
         self._setup = False  # serving a message of registration or shutdown
         self.registered_at = 0.0  # when the last rank completed round 0
@@ -301,27 +301,27 @@ class ClusterSimulator:
             return self.now  # a launch: the rank joins the round now
         if queue.src == queue.rank:
             if type(item) is StreamMessage and type(item.message) is ReleaseActivation:
-                return (self.now if self._send_clock is None else self._send_clock) + self.activation_delay
-            if queue.lane or self._server != queue.src:
+                return (self.now if self.send_clock is None else self.send_clock) + self.activation_delay
+            if queue.lane or self.serving_rank != queue.src:
                 return self.now
-            return self._send_clock  # the serving engine hands it over locally
+            return self.send_clock  # the serving engine hands it over locally
         counts = self.setup_messages if isinstance(item, _SETUP) else self.messages
         counts[queue.src] += 1
         counts[queue.rank] += 1
         latency, send_cost = self._message_costs(item)
-        if self._server != queue.src:
+        if self.serving_rank != queue.src:
             return self.now + latency
         if self._first_send_free:
             self._first_send_free = False
         else:
-            self._send_clock += send_cost
-        return self._send_clock + latency
+            self.send_clock += send_cost
+        return self.send_clock + latency
 
-    def _quorum_added(self, rank: int, owner: int):
+    def quorum_added(self, rank: int, owner: int):
         """Rank ``rank`` added to a quorum counter at ``owner``: a one-sided
         round trip that its engine waits for (and ``owner``'s does not serve)."""
-        if owner != rank and self._server == rank and self._send_clock is not None:
-            self._send_clock += 2 * self.net.message_seconds(0)
+        if owner != rank and self.serving_rank == rank and self.send_clock is not None:
+            self.send_clock += 2 * self.net.message_seconds(0)
 
     def _appended(self, queue: _TimedDeque):
         if queue.kind == _DONE:
@@ -453,15 +453,15 @@ class ClusterSimulator:
 
     def _begin_serving(self, j: int, start: float, cost: float, setup: bool = False):
         self._setup = setup
-        self._server = j
-        self._send_clock = start + cost
+        self.serving_rank = j
+        self.send_clock = start + cost
 
     def _end_serving(self, j: int, start: float):
-        self.busy[j] += self._send_clock - start
+        self.busy[j] += self.send_clock - start
         if not self._setup:
-            self.round_busy[j] += self._send_clock - start
-        self.serve_free[j] = self._send_clock
-        self._send_clock = self._server = None
+            self.round_busy[j] += self.send_clock - start
+        self.serve_free[j] = self.send_clock
+        self.send_clock = self.serving_rank = None
 
     def _serve(self, j: int):
         """Serve the first control message waiting at rank j (its engine is free now)."""
@@ -482,11 +482,11 @@ class ClusterSimulator:
     def _call(self, j: int, call, *args):
         """Rank j's compute thread posts or flushes: what its engine sends for
         it leaves at once, the next messages ``send_seconds`` apart."""
-        self._server, self._send_clock, self._first_send_free = j, self.now, True
+        self.serving_rank, self.send_clock, self._first_send_free = j, self.now, True
         try:
             call(j, *args)
         finally:
-            self._server = self._send_clock = None
+            self.serving_rank = self.send_clock = None
             self._first_send_free = False
 
     def _wake(self, j: int):

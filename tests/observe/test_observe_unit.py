@@ -148,19 +148,19 @@ def _observer(**config):
 
 def _statuses(obs, now, busy, idle):
     for j in range(len(busy)):
-        obs._peers[j] = (RankStatus(j, idle[j], busy[j], "post 'g'", {}), now)
+        obs.record(RankStatus(j, idle[j], busy[j], "post 'g'", {}), now)
 
 
 def test_stall_rule_warns_only_when_others_wait_and_fails_past_shutdown(caplog):
     engine, obs = _observer(stall_warning_seconds=1.0, stall_shutdown_seconds=3.0)
-    interval = obs._interval
+    interval = obs.interval
     assert interval == 0.25
     t = 1000.0
     # Everybody idle for a long time (an evaluation phase): nobody is stalled.
     for step in range(20):
         now = t + step * interval
         _statuses(obs, now, busy=[False, False, False], idle=[now - t + 50] * 3)
-        obs._inspect(now)
+        obs.inspect(now)
     assert obs.stalled == {} and engine.failure is None
     # Ranks 0 and 2 now wait in a post; rank 1 calls nothing.
     t2 = t + 20 * interval
@@ -168,7 +168,7 @@ def test_stall_rule_warns_only_when_others_wait_and_fails_past_shutdown(caplog):
         for step in range(1, 10):
             now = t2 + step * interval
             _statuses(obs, now, busy=[True, False, True], idle=[now - t2, now - t + 50, now - t2])
-            obs._inspect(now)
+            obs.inspect(now)
     assert set(obs.stalled) == {1} and 1.0 <= obs.stalled[1] <= 2.5
     assert any("rank 1 has called no hvd_partial function" in r.message for r in caplog.records)
     # The waiting posts are held by the staleness bound for the absent rank: the message says so.
@@ -178,7 +178,7 @@ def test_stall_rule_warns_only_when_others_wait_and_fails_past_shutdown(caplog):
     for step in range(10, 20):
         now = t2 + step * interval
         _statuses(obs, now, busy=[True, False, True], idle=[now - t2, now - t + 50, now - t2])
-        obs._inspect(now)
+        obs.inspect(now)
     assert isinstance(engine.failure, StalledRankError) and engine.failure.rank == 1
     assert "stall_shutdown_seconds=3" in str(engine.failure)
 
@@ -190,19 +190,19 @@ def test_every_rank_waiting_without_progress_is_reported_as_a_deadlock(caplog):
         for step in range(1, 4):  # 0.75 s: not yet
             now = t + step * 0.25
             _statuses(obs, now, busy=[True, True, True], idle=[now - t] * 3)
-            obs._inspect(now)
+            obs.inspect(now)
         assert not caplog.records
         for step in range(4, 7):
             now = t + step * 0.25
             _statuses(obs, now, busy=[True, True, True], idle=[now - t] * 3)
-            obs._inspect(now)
+            obs.inspect(now)
     assert any("deadlock: every rank has waited" in r.message and "rank 2 in post 'g'" in r.message
                for r in caplog.records)
     assert engine.failure is None
     for step in range(7, 10):
         now = t + step * 0.25
         _statuses(obs, now, busy=[True, True, True], idle=[now - t] * 3)
-        obs._inspect(now)
+        obs.inspect(now)
     assert isinstance(engine.failure, StalledRankError) and engine.failure.rank is None
 
 
@@ -213,7 +213,7 @@ def test_stall_clock_restarts_when_the_rank_calls_again():
         now = t + step * 0.25
         idle1 = (step % 3) * 0.25  # rank 1 posts every 0.75 s: slow but not stalled
         _statuses(obs, now, busy=[True, False, False], idle=[0.0, idle1, 0.0])
-        obs._inspect(now)
+        obs.inspect(now)
         assert obs.stalled == {}
 
 
@@ -222,12 +222,12 @@ def test_a_status_that_stopped_coming_is_left_to_liveness():
     # tree, was stopped): its last one, long idle, must not make it "stalled".
     engine, obs = _observer(stall_warning_seconds=1.0, stall_shutdown_seconds=2.0)
     t = 50.0
-    obs._peers[2] = (RankStatus(2, 0.0, False, "post 'g'", {}), t)
+    obs.peers[2] = (RankStatus(2, 0.0, False, "post 'g'", {}), t)
     for step in range(1, 40):
         now = t + step * 0.25
         for j in (0, 1):
-            obs._peers[j] = (RankStatus(j, now - t, True, "post 'g'", {}), now)
-        obs._inspect(now)
+            obs.peers[j] = (RankStatus(j, now - t, True, "post 'g'", {}), now)
+        obs.inspect(now)
         assert obs.stalled == {} and engine.failure is None
 
 
@@ -238,7 +238,7 @@ def test_observer_is_off_when_every_feature_is_off(tmp_path):
     assert status_interval(Config(stall_warning_seconds=60)) == 5.0
     engine = _FakeEngine(stall_warning_seconds=0, report_seconds=0, timeline_filename=str(tmp_path / "t.json"))
     obs = attach_observer(engine)
-    assert obs is not None and obs.timeline is not None and obs._interval is None
+    assert obs is not None and obs.timeline is not None and obs.interval is None
     obs.close()
 
 
@@ -257,7 +257,7 @@ def test_statuses_reach_every_rank_over_the_tree_with_log_p_messages_per_rank(mo
     monkeypatch.setattr(monitor.time, "perf_counter", lambda: clock[0])
     engines = [_FakeEngine(rank=r, size=size, stall_warning_seconds=1.0) for r in range(size)]
     observers = [attach_observer(e) for e in engines]
-    interval = observers[0]._interval
+    interval = observers[0].interval
     sent = Counter()
     seconds = 10.0
     for step in range(int(seconds / 0.01)):
@@ -272,7 +272,7 @@ def test_statuses_reach_every_rank_over_the_tree_with_log_p_messages_per_rank(mo
     periods = seconds / interval
     for rank in range(size):
         assert sent[rank] <= (2 * max_hops(size) + 1) * (periods + 1), (rank, sent[rank], periods)
-        peers = observers[rank]._peers
+        peers = observers[rank].peers
         assert sorted(peers) == list(range(size)), (rank, sorted(peers))
         oldest = max(clock[0] - made for _, made in peers.values())
         assert oldest <= 3 * interval + 0.01 * (2 * max_hops(size) + 2), (rank, oldest)

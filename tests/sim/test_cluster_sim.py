@@ -366,16 +366,16 @@ def test_a_quorum_addition_to_another_rank_holds_the_adders_engine_for_a_round_t
     net = NetworkModel(message_latency_s=1e-4, message_per_rank_s=0.0)
     sim = ClusterSimulator(4, Majority(seed=1, quorum=3), 4, 6, lambda j, s: 0.01 * (1 + j), network=net,
                            control_plane="decentral")
-    sim._server, sim._send_clock = 1, 5.0  # rank 1's engine serves, its sends leave from 5.0 on
-    sim._quorum_added(1, 2)
-    assert sim._send_clock == pytest.approx(5.0 + 2e-4)
-    sim._quorum_added(1, 1)  # its own counter: no round trip
-    assert sim._send_clock == pytest.approx(5.0 + 2e-4)
-    sim._server, sim._send_clock = None, None  # nobody serving (not a rank's call either): nothing to charge
-    sim._quorum_added(1, 2)
-    assert sim._send_clock is None
+    sim.serving_rank, sim.send_clock = 1, 5.0  # rank 1's engine serves, its sends leave from 5.0 on
+    sim.quorum_added(1, 2)
+    assert sim.send_clock == pytest.approx(5.0 + 2e-4)
+    sim.quorum_added(1, 1)  # its own counter: no round trip
+    assert sim.send_clock == pytest.approx(5.0 + 2e-4)
+    sim.serving_rank, sim.send_clock = None, None  # nobody serving (not a rank's call either): nothing to charge
+    sim.quorum_added(1, 2)
+    assert sim.send_clock is None
     # a whole run adds through the counters the world shares, and loses nothing
-    sim._server = sim._send_clock = None
+    sim.serving_rank = sim.send_clock = None
     result = sim.run()
     assert sim.world.quorum_counters.additions > 0 and result.rounds > 1
     assert _conserved(sim) == 4 * 6

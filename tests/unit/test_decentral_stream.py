@@ -205,7 +205,7 @@ def test_a_quorum_counter_is_zeroed_only_when_no_addition_for_its_round_can_come
     then be met with two holders."""
     P = 4
     w = Script(P, "majority", tau=8, seed=0, quorum=3, defer_activations=True)
-    assert [w.streams[0]._designated(r) for r in (1, 2, 3, 4, 5)] == [3, 1, 3, 0, 1]
+    assert [w.streams[0].designated(r) for r in (1, 2, 3, 4, 5)] == [3, 1, 3, 0, 1]
     w.register()
     for j in range(P):  # round 1, balanced: everyone joins by itself, nobody adds
         w.post(j, f"a{j}")

@@ -394,7 +394,7 @@ def sync_uneven(timing):
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     got = [r for _ in range(3) for r in hvd.partial_allreduce(np.ones(2), "g", mode=hvd.Sync(), op=hvd.Sum)]
-    stream = engine().stream_state("g")
+    stream = engine().readout.stream_state("g")
     extra = error = None
     shut_down = False
     try:
@@ -576,7 +576,7 @@ def fusion_buckets(threshold):
     everyone = [np.asarray(MPI.COMM_WORLD.allreduce(p)) for p in posted]
     conserved = [bool(np.array_equal(t, e)) for t, e in zip(taken, everyone)]
     assert conserved == [True] * 5, f"a contribution was lost or doubled: {conserved}"
-    buckets = [list(idx) for _, idx in engine().stream_state("fused").layout.groups]
+    buckets = [list(idx) for _, idx in engine().readout.stream_state("fused").layout.groups]
     assert buckets == FUSION_BUCKETS[int(threshold)], buckets
     report({"rounds": [(r.round, [float(a.sum()) for a in r.arrays]) for r in rounds]})
     hvd.shutdown()
@@ -606,7 +606,7 @@ def doorbell(poll_ms):
         else:
             # Outside any call, the engine is idle (a barrier would keep it polling). Round i - 1 is
             # done on rank 1, so this engine joined it: asleep now means asleep since.
-            wait_until(lambda: engine().asleep, f"this engine asleep before post {i}")
+            wait_until(lambda: engine().readout.asleep, f"this engine asleep before post {i}")
             announce(f"asleep {i} on {rank}")
             await_announced(f"posted {i}")
     hvd.barrier()
@@ -733,7 +733,7 @@ def waiting_cpu():
     # Line the ranks up with a sync post, not a barrier: a rank in a barrier is parked, and the
     # designated rank would start round 1 there, without waiting for its own post.
     hvd.partial_allreduce(np.ones(1), "line up", mode=hvd.Sync())
-    cpu0, wall0, naps_before = time.process_time(), time.monotonic(), engine().naps
+    cpu0, wall0, naps_before = time.process_time(), time.monotonic(), engine().readout.naps
     if rank == last:
         await_announced(*(f"{peer} posts" for peer in range(last)))
         time.sleep(1.0)  # the computation under test: the others wait 1 s; round 1 starts when this rank posts
@@ -741,7 +741,7 @@ def waiting_cpu():
         announce(f"{rank} posts")
     rounds = hvd.partial_allreduce(np.ones(4), "m", mode=mode)
     # The engine's naps while this rank waited: its wake-ups, whatever the machine's load.
-    naps = engine().naps - naps_before
+    naps = engine().readout.naps - naps_before
     cpu_fraction = (time.process_time() - cpu0) / (time.monotonic() - wall0)
     waited = time.monotonic() - wall0
     if rank != last:
@@ -749,7 +749,7 @@ def waiting_cpu():
         # and a load on the machine only makes fewer; naps stuck at 1 ms after a stale ring made about 900.
         assert (rounds[-1].round, rounds[-1].initiator, rounds[-1].contributors) == (1, last, list(range(size))), \
             rounds[-1]
-        assert engine().stream_counters("m").joined_early == (1 if delay_us else 0)
+        assert engine().readout.stream_counters("m").joined_early == (1 if delay_us else 0)
         assert 5 < naps < 300, f"its engine napped {naps} times in a 1 s wait"
         assert cpu_fraction < 0.2, f"its waiting engine used {cpu_fraction:.0%} of a core"
         assert waited < 1.3, f"returned {waited - 1.0:.2f} s after the round could start"

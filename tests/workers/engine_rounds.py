@@ -52,7 +52,7 @@ padding_sum = float(summed[total:].sum())
 summed = summed[:total]
 stats = hvd.stats()["grads"]
 # what the stream's decentralized rounds counted here: its quorum counter's use
-counters = hvd.session.current().engine.stream_counters("grads")
+counters = hvd.session.current().engine.readout.stream_counters("grads")
 quorum_use = None if counters is None or quorum is None else [counters.quorum_additions, counters.quorum_notices,
                                                                counters.deferred_additions, counters.floods_held]
 report({

@@ -194,7 +194,7 @@ class DecentralStream:
         row, initiator, flush = round_facts(facts, self.flushes_done)
         if self.kind == "majority" and self.completed > 0 and not flush:
             # the designated rank, whether it posted or stood in while flushing
-            initiator = self._designated(self.completed)
+            initiator = self.designated(self.completed)
         return row, initiator, flush
 
     def on_reduced(self, round_number: int, facts: np.ndarray, result: RoundResult) -> list:
@@ -253,7 +253,7 @@ class DecentralStream:
         """Set up this rank's part in starting round ``view.round``."""
         designated = None
         if self.kind == "majority" and not view.registration:
-            designated = self._designated(view.round)
+            designated = self.designated(view.round)
             self.parking.begin(view.round)
             if self.tally is not None:
                 self.tally.begin(view, designated)
@@ -314,7 +314,7 @@ class DecentralStream:
             out += self._progress()
         return out
 
-    def _designated(self, round_number: int) -> int:
+    def designated(self, round_number: int) -> int:
         """Majority's designated initiator of ``round_number`` (asked twice per round: cached)."""
         cached = self._designated_cache
         if cached[0] != round_number:
