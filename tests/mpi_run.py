@@ -90,10 +90,16 @@ def run_mpi(worker: str, nprocs: int, *args, timeout: float = 90, env: dict | No
         pytest.fail(f"mpiexec -n {nprocs} {worker} timed out after {timeout:.0f} s and was killed; "
                     f"ranks that never finished: {detail or 'none (all reported, the job did not exit)'}\n"
                     + result.tail())
-    if expect_success and returncode != 0:
-        pytest.fail(f"mpiexec -n {nprocs} {worker} exited with {returncode}\n" + result.tail())
-    if expect_success and require_reports:
-        missing = [r for r in range(nprocs) if r not in result.results]
+    if expect_success:
+        require_success(result, worker, require_reports)
+    return result
+
+
+def require_success(result: MpiResult, worker: str, require_reports: bool = True) -> None:
+    """Fail the test on a non-zero exit, or (with ``require_reports``) on a rank that did not report."""
+    if result.returncode != 0:
+        pytest.fail(f"mpiexec -n {result.nprocs} {worker} exited with {result.returncode}\n" + result.tail())
+    if require_reports:
+        missing = [r for r in range(result.nprocs) if r not in result.results]
         if missing:
             pytest.fail(f"ranks {missing} exited without reporting a result\n" + result.tail())
-    return result

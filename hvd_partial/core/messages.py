@@ -120,9 +120,7 @@ class Registered:
 class Rejected:
     """Registration of stream ``name`` failed: ranks disagree (``reason`` names
     them and the fields). Every rank fails its first post with
-    ``MismatchError(reason)``. A
-    :class:`~hvd_partial.core.decentral.stream.DecentralStream` that
-    registers itself floods it without a name (it has one stream)."""
+    ``MismatchError(reason)``."""
 
     reason: str
     name: str = ""

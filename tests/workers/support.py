@@ -169,7 +169,7 @@ def run_case_job(script: str, nprocs: int, *args, expect_success: bool = True, r
     on a non-zero exit or a rank that did not report."""
     import pytest
 
-    from mpi_run import run_mpi
+    from mpi_run import require_success, run_mpi
 
     res = run_mpi(script, nprocs, *args, expect_success=False, **kwargs)
     failed = {rank: rep["assertion_failed"] for rank, rep in res.results.items()
@@ -177,10 +177,6 @@ def run_case_job(script: str, nprocs: int, *args, expect_success: bool = True, r
     if failed:
         pytest.fail(f"{script} {' '.join(map(str, args))}: assertions failed:\n"
                     + "\n".join(failed[r] for r in sorted(failed)) + "\n" + res.tail())
-    if expect_success and res.returncode != 0:
-        pytest.fail(f"mpiexec -n {nprocs} {script} exited with {res.returncode}\n" + res.tail())
-    if expect_success and require_reports:
-        missing = [r for r in range(nprocs) if r not in res.results]
-        if missing:
-            pytest.fail(f"ranks {missing} exited without reporting a result\n" + res.tail())
+    if expect_success:
+        require_success(res, script, require_reports)
     return res
