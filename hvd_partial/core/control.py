@@ -75,6 +75,15 @@ class ControlPolicy(Protocol):
         """Whether this rank joined that round before hearing that it started
         (its reduction cannot finish before then, so the host may nap)."""
 
+    def holds_flood(self, stream_id: int, round_number: int) -> bool:
+        """Whether this rank still holds back the flood of that round."""
+
+    def release_flood(self, stream_id: int, round_number: int, everyone_joined: bool = False) -> None:
+        """The host's timer: the activation delay of that round passed (``everyone_joined``: its facts are reduced)."""
+
+    def release_message(self, stream_id: int, round_number: int, everyone_joined: bool = False):
+        """The same news as a message to this rank, for worlds that model the delay as one."""
+
 @dataclass(frozen=True, slots=True)
 class StreamMessage:
     """A decentralized stream's message to a peer: ``message`` is for stream ``stream`` (its id)."""
@@ -209,6 +218,11 @@ class DecentralControl:
         """Whether this rank still holds back the flood of that round (else its timer has nothing to do)."""
         machine = self.streams.get(sid)
         return machine is not None and machine.floods.held_back == round_number
+
+    def release_flood(self, sid: int, round_number: int, everyone_joined: bool = False) -> None:
+        machine = self.streams.get(sid)
+        if machine is not None:
+            self._carry_out(sid, machine.release_flood(round_number, everyone_joined))
 
     @staticmethod
     def release_message(sid: int, round_number: int, everyone_joined: bool = False) -> StreamMessage:

@@ -243,7 +243,9 @@ class Driver:
     def release_flood(self, sid: int, round_number: int, everyone_joined: bool = False) -> None:
         """The host's timer: the activation delay of ``round_number`` of stream
         ``sid`` passed, so its held-back flood goes out (dropped if ``everyone_joined``)."""
-        self.on_message(self.rank, self.control.release_message(sid, round_number, everyone_joined))
+        self.control.release_flood(sid, round_number, everyone_joined)
+        if self.leaving:
+            self._progress_leaving()
 
     def release_message(self, sid: int, round_number: int, everyone_joined: bool = False):
         """The message that ends the activation delay of ``round_number`` of

@@ -39,6 +39,7 @@ import numpy as np
 from ..core.decentral import (AgreementOutcome, AgreementReport, Agreements, Complete, DecentralStream, Join,
                               Send, SharedQuorumCounters)
 from ..core.decentral.facts import INITIATED, PARKED
+from ..core.decentral.messages import ReleaseActivation
 from ..core.liveness import Liveness
 from ..core.messages import Declared, Failure, Heartbeat, Registered
 from ..core.round_result import RoundResult
@@ -241,6 +242,8 @@ class DecentralWorld:
         self._count(msg, "recv", j)
         if isinstance(msg, _AGREEMENT):
             self.agreements[j].on_message(source, msg)
+        elif type(msg) is ReleaseActivation:  # the host's timer, modelled as a message to itself
+            self._act(j, self.streams[j].release_flood(msg.round, msg.everyone_joined))
         else:
             self._act(j, self.streams[j].on_message(source, msg))
 

@@ -289,8 +289,10 @@ class LoopbackWorld:
             src, dest = event[1], event[2]
             message = self.inbound[dest][(src, event[3] if len(event) > 3 else 0)].popleft()
             if src == dest and type(message) is StreamMessage and type(message.message) is ReleaseActivation:
-                message = self._release(dest, message)
-            self.ranks[dest].driver.on_message(src, message)
+                release = self._release(dest, message).message  # the host's timer, modelled as a message
+                self.ranks[dest].driver.release_flood(message.stream, release.round, release.everyone_joined)
+            else:
+                self.ranks[dest].driver.on_message(src, message)
         elif kind == "complete":
             self.complete(event[1])
         elif kind == "notice":

@@ -81,6 +81,8 @@ class Script:
             result = RoundResult(r, initiator, array=value, flush=flush, staleness_row=row)
             done = self.ledgers[dest].complete(result)
             return self.act(dest, ([] if done is None else [done]) + stream.on_reduced(r, facts, result))
+        if type(msg) is ReleaseActivation:  # the host's timer
+            return self.act(dest, self.streams[dest].release_flood(msg.round, msg.everyone_joined))
         return self.act(dest, self.streams[dest].on_message(src, msg))
 
     def post(self, j, payload):

@@ -69,17 +69,19 @@ class DesignatedParked:
 @dataclass(slots=True)
 class Defer:
     """Action: this rank started ``round`` and holds its activations back.
-    Deliver :class:`ReleaseActivation` of it to this rank once the activation
-    delay has passed; if the round completed here before, it needed none."""
+    Call the stream's ``release_flood(round)`` once the activation delay has
+    passed (the engine's timer does); if the round completed here before, it needed none."""
 
     round: int
 
 
 @dataclass(frozen=True)
 class ReleaseActivation:
-    """A rank's message to itself: the activation delay of ``round`` passed,
-    so its held-back activations go out (those still needed), unless the
-    host knows that ``everyone_joined`` the round (its facts were reduced)."""
+    """The end of the activation delay of ``round``: its held-back activations
+    go out (those still needed), unless the host knows that
+    ``everyone_joined`` the round (its facts were reduced). The engine's timer
+    calls ``release_flood`` with it; the loopback and simulated worlds model
+    the delay as this message to the rank itself."""
 
     round: int
     everyone_joined: bool = False

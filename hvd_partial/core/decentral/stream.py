@@ -163,8 +163,6 @@ class DecentralStream:
                 return self.floods.on_duplicate(msg.round)
             sends = self.activation.receive(msg.round, source)
             return [Send(n, msg) for n in sends] + [self.join(msg.round, initiated=False)] + self._progress()
-        if kind is ReleaseActivation:
-            return self.floods.on_release(msg)
         if kind is DesignatedParked:
             return self._on_designated_parked(source, msg)
         if kind is QuorumMet:
@@ -179,6 +177,13 @@ class DecentralStream:
             return []
         self._apply(held, source, msg)
         return self._progress()
+
+    def release_flood(self, round_number: int, everyone_joined: bool = False) -> list:
+        """The host's timer: the activation delay of ``round_number`` passed (``everyone_joined``:
+        every rank joined it by itself, so its flood is dropped)."""
+        if self.failure is not None:
+            return []
+        return self.floods.on_release(ReleaseActivation(round_number, everyone_joined))
 
     def registered(self) -> list:
         """Registration was agreed (every rank posted once and all agree on
