@@ -90,3 +90,15 @@ class DuplicateNameError(StreamConflictError, ValueError):
 class NotSupportedError(HvdPartialError, NotImplementedError):
     """A Horovod feature hvd_partial does not provide (elastic training, process
     sets other than the global one); the message says what to use instead."""
+
+
+class UlfmUnavailableError(NotSupportedError):
+    """The MPI library, or the way the job was launched, gives no fault
+    tolerance (ULFM): a dead rank cannot be survived. The message says which
+    and how to launch instead (Open MPI 5 with ``mpirun --with-ft ulfm --mca
+    btl tcp,self``)."""
+
+
+class RecoveryError(HvdPartialError):
+    """The survivors of a failure could not rebuild a communicator (shrink
+    or grow); the message says which step failed and what MPI said."""

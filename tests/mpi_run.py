@@ -59,16 +59,20 @@ def run_job(cmd: list, env: dict, timeout: float, cwd=None) -> tuple[int, str, s
 
 
 def run_mpi(worker: str, nprocs: int, *args, timeout: float = 90, env: dict | None = None,
-            expect_success: bool = True, keep_survivors: bool = False, require_reports: bool = True) -> MpiResult:
+            expect_success: bool = True, keep_survivors: bool = False, require_reports: bool = True,
+            mpiexec_args=()) -> MpiResult:
     """Run ``tests/workers/<worker>`` (or a script given by absolute path) on
     ``nprocs`` ranks; fail the test on a timeout (naming the ranks that never
     finished) or, with ``expect_success``, on a non-zero exit or a rank that
-    did not report (unless ``require_reports`` is false)."""
+    did not report (unless ``require_reports`` is false). ``mpiexec_args``
+    go to the launcher before its own (``--with-ft ulfm`` for Open MPI's
+    fault tolerance, say)."""
     import time
 
     out_dir = tempfile.mkdtemp(prefix="hvdp-test-")
     script = Path(worker) if os.path.isabs(worker) else WORKERS / worker
     cmd = mpiexec_command(nprocs, [sys.executable, str(script), *map(str, args)], keep_survivors=keep_survivors)
+    cmd[1:1] = list(mpiexec_args)
     full_env = dict(os.environ)
     full_env.update({"HVD_TEST_OUT": out_dir, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}",
                      "PYTHONUNBUFFERED": "1"})
