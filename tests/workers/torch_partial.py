@@ -17,6 +17,7 @@ import torch
 from support import phase, report
 from torch_common import fingerprint, loss_of, make_data, make_model
 
+import hvd_partial.session
 import hvd_partial.torch as hvd
 
 TAU = 8
@@ -133,7 +134,12 @@ def announce(event: str) -> None:
 
 def await_others(event: str) -> None:
     """Wait, outside any hvd_partial call, until every other rank announced ``event``."""
-    paths = [os.path.join(os.environ["HVD_TEST_OUT"], f"{event}.{j}") for j in range(hvd.size()) if j != hvd.rank()]
+    await_ranks(event, [j for j in range(hvd.size()) if j != hvd.rank()])
+
+
+def await_ranks(event: str, ranks) -> None:
+    """Wait, outside any hvd_partial call, until each of ``ranks`` announced ``event``."""
+    paths = [os.path.join(os.environ["HVD_TEST_OUT"], f"{event}.{j}") for j in ranks]
     while not all(os.path.exists(p) for p in paths):
         time.sleep(0.001)
 
@@ -163,12 +169,18 @@ def horovod_clip_pattern_guard():
         return None
 
     step(False)
+    # The last rank waits, outside any call, until it has two completed rounds it has not taken; rank 0's
+    # three posts after "guard ready" complete at least two rounds after it (each of its takes after the
+    # first takes a round completed since its previous take), and at most 6 rounds come (within TAU).
     if rank == size - 1:
-        await_others("guard")
-    else:
-        step(False)
-        step(False)
-        announce("guard")
+        announce("guard ready")
+        stream = hvd_partial.session.current().engine.readout.stream_state("guard")
+        while stream.completed - stream.taken < 2:
+            time.sleep(0.001)
+    elif rank == 0:
+        await_ranks("guard ready", [size - 1])
+        for _ in range(3):
+            step(False)
     error = step(rank == size - 1)
     k = len(opt.last_results)
     opt.flush()
