@@ -140,6 +140,22 @@ def local_size() -> int:
     return _session.require().transport.local_size
 
 
+def world():
+    """This rank's :class:`~hvd_partial.core.world.World`: its rank and size
+    now, the version counting world changes since ``init`` and the ranks (as
+    numbered at ``init``) lost. Changes only with ``elastic=True``."""
+    return _require().world
+
+
+def acknowledge_world_change() -> None:
+    """Say that this rank has seen the latest world change: its helper
+    collectives (``allreduce``, ``broadcast``, ...) run again on the new world.
+    Until then each raises :class:`~hvd_partial.errors.HorovodInternalError`,
+    so that every survivor fails the same call (``hvd.elastic.run``'s reset
+    calls this)."""
+    _require().acknowledge_world_change()
+
+
 def config() -> Config:
     """The configuration in effect (after ``init``)."""
     return _session.require().config

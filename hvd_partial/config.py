@@ -95,6 +95,10 @@ class Config:
     #: activated this much later. 0: at once, no early joins, and flushes
     #: gather as in any round.
     activation_delay_us: float = 2000.0
+    #: Elastic training: survive ranks that die (Open MPI with ULFM, launched with
+    #: ``hvd-partial-run --elastic`` or ``mpirun --with-ft ulfm --mca btl tcp,self``).
+    #: Off: a dead rank ends the job (``RankFailedError`` on every survivor).
+    elastic: bool = False
 
     def __post_init__(self):
         if self.max_staleness < 0:

@@ -102,3 +102,24 @@ class UlfmUnavailableError(NotSupportedError):
 class RecoveryError(HvdPartialError):
     """The survivors of a failure could not rebuild a communicator (shrink
     or grow); the message says which step failed and what MPI said."""
+
+
+class HorovodInternalError(HvdPartialError):
+    """A helper collective (``allreduce``, ``broadcast``, ``barrier``, ...)
+    could not complete because the world changed (a rank died and the
+    survivors shrank the job; elastic training only). Every survivor gets it
+    from the same call: the one in flight at the change, or else its first
+    helper call after it, until the rank acknowledges the change
+    (:func:`hvd_partial.acknowledge_world_change`, which ``hvd.elastic.run``'s
+    reset does). Horovod's name, so ``except hvd.HorovodInternalError`` works."""
+
+
+class HostsUpdatedInterrupt(HvdPartialError):
+    """The world changed (ranks lost or added) while training went on;
+    ``state.commit()`` and ``state.check_host_updates()`` raise it so that
+    ``hvd.elastic.run`` runs the reset callbacks. ``skip_sync``: the state
+    need not be broadcast again (the survivors are consistent)."""
+
+    def __init__(self, skip_sync: bool = False, message: str = "the world changed"):
+        self.skip_sync = skip_sync
+        super().__init__(message)

@@ -29,6 +29,7 @@ from ..config import Config
 from ..core.driver import Driver
 from ..core.post_request import PostRequest
 from ..core.rank_stream import Waiter
+from ..core.world import World
 from ..errors import EngineError, HvdPartialError, NotInitializedError, RankFailedError, TooManyStreamsError
 from ..observe.monitor import TAG_STATUS
 from ..transport.protocol import Transport
@@ -73,6 +74,9 @@ class Engine:
         self.observer = attach_observer(self)
         self.timeline = self.observer.timeline if self.observer is not None else None
         self.failure: HvdPartialError | None = None
+        # -- the world: its rank and size now and the changes since init (elastic training)
+        self.world = World.initial(self.rank, self.size)
+        self.acknowledged_version = 0  # the world version this rank's helper collectives run on
         self.failed_at = 0.0  # time.monotonic() when failure was set
         # Called on the compute thread after it waited in a call that needs every rank: adapters apply
         # there the rounds completed meanwhile, before the rank computes again (docs/design.md, "Parked ranks").
@@ -165,6 +169,10 @@ class Engine:
             if self._stopped.is_set() and not handle.done():
                 raise self.failure or EngineError(f"engine of rank {self.rank} stopped")
         return handle.value()
+
+    def acknowledge_world_change(self) -> None:
+        """This rank has seen the latest world change: its helper collectives run again."""
+        self.acknowledged_version = self.world.version
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Flush every stream and stop the engine (collective)."""

@@ -1,0 +1,46 @@
+"""The world a rank trains in, and how it changed: which ranks of the
+world at ``init`` are gone, and the version that counts the changes.
+
+Pure data: the engine makes a new :class:`World` each time the survivors of
+a failure shrink the job (elastic training), and the elastic API compares
+versions to tell that the world changed.
+
+Example::
+
+    w = World.initial(rank=2, size=4)
+    w2 = w.shrunk(failed_old_ranks=(1,), new_rank=1, new_size=3)
+    assert w2.version == 1 and w2.lost == (1,) and w2.original_rank == 2
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    """``rank`` and ``size`` in the current world; ``version`` counts the
+    changes since ``init``; ``lost`` are the ranks, numbered as at ``init``,
+    that died since; ``original_rank`` is this rank's number at ``init``;
+    ``members`` the ``init`` numbers of the current ranks, in rank order."""
+
+    version: int
+    rank: int
+    size: int
+    original_rank: int
+    members: tuple[int, ...]
+    lost: tuple[int, ...] = ()
+
+    @classmethod
+    def initial(cls, rank: int, size: int) -> "World":
+        return cls(0, rank, size, rank, tuple(range(size)))
+
+    def shrunk(self, failed: tuple[int, ...], new_rank: int) -> "World":
+        """The world after the ranks ``failed`` (current numbers) died; the
+        survivors keep their order, so this rank becomes ``new_rank``."""
+        gone = set(failed)
+        members = tuple(m for r, m in enumerate(self.members) if r not in gone)
+        lost = tuple(sorted(set(self.lost) | {self.members[r] for r in gone}))
+        if members[new_rank] != self.original_rank:
+            raise ValueError(f"rank {self.rank}: new rank {new_rank} is not this rank in {members}")
+        return World(self.version + 1, new_rank, len(members), self.original_rank, members, lost)
