@@ -153,7 +153,8 @@ def acknowledge_world_change() -> None:
     Until then each raises :class:`~hvd_partial.errors.HorovodInternalError`,
     so that every survivor fails the same call (``hvd.elastic.run``'s reset
     calls this)."""
-    _require().acknowledge_world_change()
+    engine = _require()
+    engine.acknowledged_version = engine.world.version
 
 
 def config() -> Config:

@@ -43,6 +43,7 @@ from typing import Callable
 
 import numpy as np
 
+from .. import faults
 from ..errors import EngineError, HvdPartialError, MismatchError, RankFailedError
 from ..transport.protocol import Transport
 from . import requests as kinds
@@ -121,6 +122,16 @@ class Negotiator:
                                                     "submitted while shutting down"))
             return
         self._new.append(request)
+
+    def abandon(self, error: HvdPartialError) -> None:
+        """The world changed under every helper collective in progress (elastic
+        training): each fails with ``error``; this negotiator is done with."""
+        for request in [*self._new, *self._mine.values(), *(r for _, _, r in self._running if r is not None)]:
+            self._finish_error(request, error)
+        self._new.clear()
+        self._mine.clear()
+        self._running = []
+        self._steps = None
 
     @property
     def busy(self) -> bool:
@@ -321,6 +332,7 @@ class Negotiator:
             return
         self.executed += 1
         self._running.append((requests, complete, request))
+        faults.point("helper_started")
 
     def _complete_collectives(self) -> bool:
         if not self._running:

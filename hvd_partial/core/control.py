@@ -236,6 +236,36 @@ class DecentralControl:
             return
         self._carry_out(stream.id, machine.on_reduced(launch.round, stream.last_facts, result))
 
+    def rebase(self, rank: int, size: int, heard: dict, next_id: int,
+               quorum_counters: Callable[[int], object] | None) -> list:
+        """The world shrank (elastic training): this rank is ``rank`` of ``size``.
+        The agreements go on there (``heard``: every outcome some survivor heard;
+        ``next_id``: the next stream id); returns the outcomes this rank missed,
+        to act on (:meth:`Agreements.act_on`) before the streams are rebased."""
+        self.rank, self.size = rank, size
+        self._quorum_counters = quorum_counters
+        send = self._send
+        self.agreements, missed = self.agreements.rebased(rank, size, send, lambda decision: send(rank, decision),
+                                                          heard, next_id)
+        return missed
+
+    def rebase_stream(self, stream, started: int, quorum_index: int | None) -> None:
+        """Rebase ``stream``'s machine on the new world once every survivor completed
+        the same rounds; ``quorum_index``: its number among the streams with a quorum."""
+        machine = self.streams.get(stream.id)
+        if machine is None:
+            return
+        counters = None
+        if machine.quorum is not None and self._quorum_counters is not None and self.size > 1:
+            counters = self._quorum_counters(quorum_index)
+        machine.rebase(self.rank, self.size, stream.last_facts, started, counters)
+
+    def catch_up(self, stream, started: int) -> None:
+        """Join the rounds a survivor started that this rank had not, and decide what comes next."""
+        machine = self.streams.get(stream.id)
+        if machine is not None:
+            self._carry_out(stream.id, machine.catch_up(started))
+
     def fail(self, error: Exception) -> None:
         for machine in self.streams.values():
             machine.fail(error)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
+from .. import faults
 from ..errors import HvdPartialError, MismatchError, StreamConflictError
 from .control import ControlPolicy, DecentralControl
 from .messages import Closed, FlushBegun, Goodbye, Register, Registered, Rejected, Start
@@ -99,6 +100,7 @@ class Driver:
                                 grouped=request.grouped)
             self.streams[name] = stream
             self._held[name] = (request.buffers, request.owned, waiter)
+            faults.point("registration_reported")
             try:
                 self.control.report(Register(self.rank, name, request.signature))
             except HvdPartialError:  # refused before any peer heard of it: as if never posted
@@ -194,6 +196,14 @@ class Driver:
         if self.leaving:
             self._progress_leaving()
         return result
+
+    # -- a failure: the survivors go on in a smaller world (elastic training; core/rebase.py) --
+
+    def begin_again(self) -> None:
+        """Last: this rank's own agreement reports that no outcome answered begin again."""
+        self.control.agreements.begin_again()
+        if self.leaving:
+            self._progress_leaving()
 
     # -- decisions from the control policy ----------------------------------------------------
 

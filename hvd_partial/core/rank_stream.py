@@ -106,6 +106,11 @@ class RankStream:
         # Set with read_facts: a round nobody contributed to (which that plane may start) does not
         # answer a post; the post waits for one with data (its own data is still pending).
         self.posts_need_data = False
+        # Elastic training: copies of the rounds completed here that some rank may not have
+        # completed yet (round -> reduced buffers, facts last), so that after a failure this rank
+        # can hand them to the survivors that lack them. None: not kept (elastic off).
+        self.kept_rounds: dict[int, list] | None = None
+        self.world_version = 0  # the world this stream's rounds complete on (elastic training)
 
     # -- compute-thread requests (run on the engine thread) ---------------------
 
@@ -207,6 +212,8 @@ class RankStream:
     def complete(self, launch: Launch, reduced: list | None) -> Waiter | None:
         """A round finished with the reduced ``buffers`` (None: nothing was
         contributed). Returns the waiter to wake, if it is now satisfied."""
+        if self.kept_rounds is not None:
+            self._keep(launch, reduced)
         facts = launch.facts
         initiator = None if facts is None else facts.initiator
         flush = False if facts is None else facts.flush
@@ -226,6 +233,7 @@ class RankStream:
         else:
             row = all_fresh(self.world_size)
         result = RoundResult(launch.round, initiator, flush=flush, staleness_row=row)
+        result.world_size, result.world_version = self.world_size, self.world_version
         if self.op is ReduceOp.AVERAGE and result.has_data:
             for buf in reduced:
                 np.divide(buf, self.world_size, out=buf)
@@ -251,6 +259,38 @@ class RankStream:
         self.waiter = None
         self._own_pending()
         return waiter
+
+    # -- elastic training: surviving a dead rank -----------------------------------
+
+    def keep_rounds(self) -> None:
+        """Keep a copy of each completed round until every rank has completed it (elastic training)."""
+        if self.kept_rounds is None:
+            self.kept_rounds = {}
+
+    def _keep(self, launch: Launch, reduced: list | None) -> None:
+        kept = self.kept_rounds
+        kept[launch.round] = None if reduced is None else [b.copy() for b in reduced]
+        if launch.with_facts and reduced is not None and self.read_facts is not None:
+            # A rank's KNOWN_TAKEN counts a waiting post's round as taken: one less is completed for sure.
+            everywhere = int(reduced[-1][KNOWN_TAKEN].min()) - 1
+        else:  # a sync round starts only once every rank completed the one before
+            everywhere = launch.round
+        for r in [r for r in kept if r < everywhere]:
+            del kept[r]
+
+    def kept_round(self, round_number: int) -> list | None:
+        """The reduced buffers of a round completed here (facts last), for a survivor that lacks it."""
+        return self.kept_rounds[round_number]
+
+    def rebase(self, rank: int, world_size: int, columns, world_version: int) -> None:
+        """The world shrank: this rank is now ``rank`` of ``world_size``; ``columns``
+        are the old ranks that survive, in their new order (facts are re-indexed by them)."""
+        self.rank, self.world_size, self.world_version = rank, world_size, world_version
+        if self.last_facts is not None:
+            self.last_facts = self.last_facts[:, columns]
+        if self.kept_rounds is not None:
+            self.kept_rounds.clear()  # every survivor completed every kept round in the recovery
+        self._zeros = None
 
     # -- internals --------------------------------------------------------------
 

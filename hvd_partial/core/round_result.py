@@ -39,7 +39,7 @@ class RoundResult:
     """
 
     __slots__ = ("round", "initiator", "array", "arrays", "flush", "buffers", "_contributors", "_staleness",
-                 "_row", "_count")
+                 "_row", "_count", "world_size", "world_version")
 
     def __init__(self, round: int, initiator: int | None, contributors: list[int] | None = None,
                  staleness: dict[int, int] | None = None, array: Any = None, arrays: list[Any] | None = None,
@@ -52,6 +52,10 @@ class RoundResult:
         self.arrays = arrays
         self.flush = flush
         self.buffers = buffers  # the flat reduced buffers
+        # The world the round completed on (elastic training: it shrinks when ranks die): its
+        # size, which Average divided by, and its version (0 until the first change).
+        self.world_size: int | None = None
+        self.world_version = 0
         self._contributors = contributors
         self._staleness = staleness if staleness is not None or contributors is None else {}
         self._row = staleness_row

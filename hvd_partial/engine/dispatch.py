@@ -41,6 +41,17 @@ class Dispatch:
         else:
             self._own_decisions.append(message)
 
+    def rebase(self, rank: int) -> None:
+        """The world shrank: this rank is ``rank`` now. Reports to its own control
+        policy are dropped (gathers begin again); its decisions to itself stay."""
+        self.rank = rank
+        self._own_reports.clear()
+
+    def deliver_own(self) -> None:
+        """Hand the driver the decisions this rank sent itself (no receive)."""
+        while self._own_decisions:
+            self.driver.on_message(self.rank, self._own_decisions.popleft())
+
     def deliver(self, rung: bool) -> bool:
         """Handle every message that has arrived; True if there was any.
         ``rung``: a peer rang this rank's doorbell."""

@@ -23,6 +23,7 @@ import threading
 import time
 import weakref
 
+from .. import faults
 from ..collectives.negotiator import Negotiator
 from ..collectives.requests import LOCAL
 from ..config import Config
@@ -30,7 +31,8 @@ from ..core.driver import Driver
 from ..core.post_request import PostRequest
 from ..core.rank_stream import Waiter
 from ..core.world import World
-from ..errors import EngineError, HvdPartialError, NotInitializedError, RankFailedError, TooManyStreamsError
+from ..errors import (EngineError, HorovodInternalError, HvdPartialError, NotInitializedError, RankFailedError,
+                      TooManyStreamsError)
 from ..observe.monitor import TAG_STATUS
 from ..transport.protocol import Transport
 from ..transport.tags import TAG_FAILURE, TAG_HEARTBEAT
@@ -45,6 +47,7 @@ from .liveness import Liveness
 from .pacing import Pacing
 from .readout import EngineReadout
 from .parking import Parking
+from .recovery import recover
 from .reductions import Reductions
 from .stats import StatsRecorder
 
@@ -76,7 +79,9 @@ class Engine:
         self.failure: HvdPartialError | None = None
         # -- the world: its rank and size now and the changes since init (elastic training)
         self.world = World.initial(self.rank, self.size)
+        self.worlds = {0: self.world}  # every world since init, by version
         self.acknowledged_version = 0  # the world version this rank's helper collectives run on
+        self.recoveries: list = []  # elastic training: what each recovery did (Recovered)
         self.failed_at = 0.0  # time.monotonic() when failure was set
         # Called on the compute thread after it waited in a call that needs every rank: adapters apply
         # there the rounds completed meanwhile, before the rank computes again (docs/design.md, "Parked ranks").
@@ -97,6 +102,9 @@ class Engine:
             TAG_HEARTBEAT: lambda source, beat: None,
             TAG_STATUS: lambda source, status: me._on_status(source, status)}, self._liveness.heard)
         self._reductions = Reductions(transport, self.rank, config.reduce_poll_us, self._driver.complete)
+        if config.elastic:  # a dead peer's error must reach the engine, and contributions outlive a failure
+            transport.raise_errors()
+            self._reductions.keep_contributions = True
         self._floods = HeldFloods(config.activation_delay_us / 1e6, self._driver.holds_flood,
                                   self._driver.release_flood, self._reductions.everyone_joined)
         self._host.connect(self._dispatch, self._reductions, self._floods)
@@ -170,10 +178,6 @@ class Engine:
                 raise self.failure or EngineError(f"engine of rank {self.rank} stopped")
         return handle.value()
 
-    def acknowledge_world_change(self) -> None:
-        """This rank has seen the latest world change: its helper collectives run again."""
-        self.acknowledged_version = self.world.version
-
     def shutdown(self, timeout: float | None = None) -> None:
         """Flush every stream and stop the engine (collective)."""
         if self._stopped.is_set():
@@ -246,21 +250,27 @@ class Engine:
     # ===== engine thread =============================================================
 
     def _run(self) -> None:
-        pacing = self._pacing
         try:
+            pacing = self._pacing
             while not self._stopped.is_set():
-                worked = self._step()
-                if self._finished():
-                    break
-                if worked:
-                    pacing.worked()
-                else:
-                    calls = self._calls
-                    timer, park_at = self._floods.deadline, self._parking.park_at
-                    if park_at is not None and (timer is None or park_at < timer):
-                        timer = park_at
-                    pacing.rest(self._reductions, self._helpers.busy,
-                                min(h.posted_at for h in calls) if calls else None, timer)
+                try:
+                    worked = self._step()
+                    if self._finished():
+                        break
+                    if worked:
+                        pacing.worked()
+                    else:
+                        calls = self._calls
+                        timer, park_at = self._floods.deadline, self._parking.park_at
+                        if park_at is not None and (timer is None or park_at < timer):
+                            timer = park_at
+                        pacing.rest(self._reductions, self._helpers.busy,
+                                    min(h.posted_at for h in calls) if calls else None, timer)
+                except Exception as exc:  # noqa: BLE001 - a dead peer, where elastic training survives it
+                    if not (self.config.elastic and self.transport.is_process_failure(exc)):
+                        raise
+                    self._recover()
+                    pacing = self._pacing
         except TooManyStreamsError as exc:  # a limit the user can act on, not a crash
             self.fail(exc, notify=True, local=True)
             self._liveness.drain_notices()
@@ -272,6 +282,27 @@ class Engine:
             if self.observer is not None:
                 self.observer.close()
             self._stopped.set()
+
+    def _recover(self) -> None:
+        """Survive a dead peer (elastic training): docs/elastic.md, hvd_partial/engine/recovery.py."""
+        me = weakref.proxy(self)
+        done = recover(self.transport, self._driver, self._reductions, self.world, self.worlds, self._dispatch)
+        self.recoveries.append(done)
+        self.world = done.world
+        self.rank, self.size = done.world.rank, done.world.size
+        lost = HorovodInternalError(f"rank {self.rank}: the world changed (ranks {list(done.failed)}, numbered as "
+                                    "at init, failed); helper collectives in flight were abandoned")
+        self._helpers.abandon(lost)
+        self._helpers = Negotiator(self.transport, self.config,
+                                   fail=lambda err: me.fail(err, notify=False, local=True), pending=self._calls)
+        if self._leaving.handle is not None or self._driver.leaving:
+            self._helpers.shutdown()
+        self._liveness = Liveness(self.transport, self.rank, self.size, self.config)
+        self._pacing = Pacing(self.config, self.transport.doorbell, self.size, True,
+                              self._intake.queue, self._driver.control.awaiting_start)
+        self._intake.poke = self._pacing.poke
+        self.stats = StatsRecorder(self.size)
+        self._host.rebase(self.stats)
 
     def _step(self) -> bool:
         worked = False
@@ -321,6 +352,7 @@ class Engine:
 
     def _post(self, cmd: PostCommand) -> None:
         request, handle = cmd.request, cmd.handle
+        faults.point("post_submitted")
         self._begin_call(cmd, request.name)
         try:
             self._driver.post(request, Waiter("post", handle=handle))
@@ -328,6 +360,7 @@ class Engine:
             self._refuse_call(handle, err)
 
     def _flush(self, cmd: FlushCommand) -> None:
+        faults.point("flush_submitted")
         self._begin_call(cmd, None)
         try:
             self._driver.flush(cmd.name, Waiter("flush", handle=cmd.handle))
@@ -336,6 +369,12 @@ class Engine:
 
     def _helper(self, cmd: HelperCommand) -> None:
         self._begin_call(cmd, None)
+        if self.world.version != self.acknowledged_version and cmd.request.kind != LOCAL:
+            self._refuse_call(cmd.handle, HorovodInternalError(
+                f"rank {self.rank}: the world changed (version {self.world.version}, ranks {list(self.world.lost)} "
+                "lost, numbered as at init); helper collectives fail until this rank calls "
+                "acknowledge_world_change() (hvd.elastic.run's reset does)"))
+            return
         try:
             self._helpers.submit(cmd.request)
         except HvdPartialError as err:
@@ -349,12 +388,6 @@ class Engine:
     def _refuse_call(self, handle: Handle, error: HvdPartialError) -> None:
         self._calls.discard(handle)
         handle.set_error(error)
-
-    def _take(self, cmd: TakeCommand) -> None:
-        self._parking.add_take(cmd)
-
-    def _park(self, cmd: ParkCommand) -> None:
-        self._parking.change(cmd.delta)
 
     def _shut_down(self, cmd: ShutdownCommand) -> None:
         if self.observer is not None:
@@ -374,5 +407,6 @@ class Engine:
 
 # Each command's handler, by its type (the engine thread takes every queued command through it).
 _COMMANDS = {PostCommand: Engine._post, FlushCommand: Engine._flush, HelperCommand: Engine._helper,
-             TakeCommand: Engine._take, ParkCommand: Engine._park, ShutdownCommand: Engine._shut_down,
+             TakeCommand: lambda engine, cmd: engine._parking.add_take(cmd),
+             ParkCommand: lambda engine, cmd: engine._parking.change(cmd.delta), ShutdownCommand: Engine._shut_down,
              AbortCommand: Engine._abort}

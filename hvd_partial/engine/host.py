@@ -50,7 +50,14 @@ class EngineHost:
     def send(self, dest: int, message) -> None:
         self._dispatch.send(dest, message)
 
+    def rebase(self, stats: StatsRecorder) -> None:
+        """The world shrank: statistics start again, sized to the new world."""
+        self._stats = stats
+
     def stream_registered(self, stream: RankStream) -> None:
+        if self._engine.config.elastic:
+            stream.keep_rounds()
+            stream.world_version = self._engine.world.version
         self._reductions.add_stream(stream)
 
     def defer_activation(self, stream_id: int, round_number: int) -> None:

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from typing import Any, Callable
 
+from .. import faults
 from ..core.buffer_pool import BufferPool
 from ..core.rank_stream import Launch, RankStream
 from ..errors import TooManyStreamsError
@@ -58,6 +59,9 @@ class Reductions:
         self._awaiting_comm: set[int] = set()  # stream ids still without a communicator
         self._next_comm = 0  # communicators are duplicated in stream id order, the same on every rank
         self._duplicating: tuple | None = None  # (stream id, communicator, request)
+        # Elastic training: reduce into copies, never in place, so that each round's
+        # contribution survives a failure in the middle of its reduction (to be redone).
+        self.keep_contributions = False
 
     def add_stream(self, stream: RankStream) -> None:
         """A stream was registered (in the same order on every rank): it needs a communicator."""
@@ -104,12 +108,17 @@ class Reductions:
             while queue:
                 entry = queue[0]
                 if entry.launch.send is not None:
-                    if entry.requests is None or not self.transport.done(entry.requests):
+                    if entry.requests is None or not self._finished(entry.requests):
                         break
                 queue.popleft()
                 self._complete(self._streams[sid], entry.launch, entry.recv)
                 worked = True
         return worked
+
+    def _finished(self, requests) -> bool:
+        if self.keep_contributions:  # (elastic training) a request that completed in error raises
+            return self.transport.done_checked(requests)
+        return self.transport.done(requests)
 
     def poll(self, deadline: float, commands) -> None:
         """Test the oldest reduction of every stream until one completes, a
@@ -152,6 +161,58 @@ class Reductions:
         for sid in sorted(self._comms):
             self._comms[sid].Free()
         self._comms.clear()
+
+    # -- elastic training: surviving a dead rank ------------------------------------------
+
+    def complete_finished(self, is_failure: Callable[[BaseException], bool]) -> None:
+        """Complete every round whose reduction finished here before the failure,
+        in order per stream, stopping at a stream's first round that failed."""
+        for sid, queue in self._rounds.items():
+            while queue:
+                entry = queue[0]
+                if entry.launch.send is not None:
+                    try:
+                        if entry.requests is None or not self.transport.done_checked(entry.requests):
+                            break
+                    except Exception as err:  # noqa: BLE001 - MPI's error types stay in the transport
+                        if not is_failure(err):
+                            raise
+                        break
+                queue.popleft()
+                self._complete(self._streams[sid], entry.launch, entry.recv)
+
+    def stream_comms(self) -> list:
+        comms = list(self._comms.values())
+        if self._duplicating is not None:
+            comms.append(self._duplicating[1])
+        return comms
+
+    def pop_round(self, sid: int, round_number: int) -> Launch:
+        """Take the oldest round of stream ``sid`` off, unreduced: a survivor that completed it
+        hands this rank its result."""
+        entry = self._rounds[sid].popleft()
+        if entry.launch.round != round_number:
+            raise AssertionError(f"stream {sid}: round {entry.launch.round} in flight, expected {round_number}")
+        return entry.launch
+
+    def in_flight_launches(self, sid: int) -> list[Launch]:
+        return [entry.launch for entry in self._rounds.get(sid, ())]
+
+    def remake_comms(self, make) -> None:
+        """The world shrank: forget the old communicators (revoked, never freed) and make
+        one per registered stream with ``make()``, in stream id order (the same on every survivor)."""
+        self._comms.clear()
+        self._duplicating = None
+        self._awaiting_comm.clear()
+        for sid in sorted(self._streams):
+            self._comms[sid] = make()
+        self._next_comm = max(self._streams, default=-1) + 1
+
+    def restart(self, sid: int) -> None:
+        """Start stream ``sid``'s rounds in flight again, on its new communicator."""
+        for entry in self._rounds[sid]:
+            entry.requests = entry.facts_request = entry.recv = None
+        self._start_entries(sid)
 
     # -- internals ----------------------------------------------------------------------
 
@@ -198,7 +259,9 @@ class Reductions:
                 # is the stream's own is a local fact. An owned buffer becomes
                 # the result; the caller's arrays (and shared zeros) are copied
                 # into a pooled one first, as MPI would copy into a receive buffer.
-                entry.recv = recv = [s if mine else pool.copy_of(s) for s, mine in zip(launch.send, launch.owned)]
+                keep = self.keep_contributions
+                entry.recv = recv = [s if mine and not keep else pool.copy_of(s).reshape(s.shape)
+                                     for s, mine in zip(launch.send, launch.owned)]
                 start = self.transport.iallreduce_in_place
                 if launch.with_facts:
                     # The facts (small) go first, so that their completion soon tells that
@@ -208,3 +271,4 @@ class Reductions:
                 else:
                     entry.requests = [start(comm, r) for r in recv]
                 entry.started = time.perf_counter()
+                faults.point("round_launched")

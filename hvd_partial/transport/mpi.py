@@ -133,6 +133,7 @@ class MpiTransport:
         self.doorbell = Doorbell.open(self.control.allgather, MPI.Get_processor_name(), self.rank) \
             if doorbell and self.size > 1 else None
         self._sends: list = []
+        self.failed_over = False  # survived a failure: the old communicators are revoked, never freed
         self._status = MPI.Status()
         # Probes a rung receive makes before it gives up (a few microseconds):
         # twice what MPICH needed, see receive.
@@ -217,12 +218,102 @@ class MpiTransport:
     def done(requests) -> bool:
         return MPI.Request.Testall(requests)
 
+    @staticmethod
+    def done_checked(requests) -> bool:
+        """:meth:`done`, raising when a request completed in error (elastic training:
+        Open MPI's nonblocking collectives can complete with the error only in their
+        status when a peer died)."""
+        statuses = [MPI.Status() for _ in requests]
+        if not MPI.Request.Testall(requests, statuses):
+            return False
+        for status in statuses:
+            code = status.Get_error()
+            if code != MPI.SUCCESS:
+                raise MPI.Exception(code)
+        return True
+
+    # -- elastic training: surviving a dead rank ---------------------------------
+
+    def raise_errors(self) -> None:
+        """MPI errors on this rank's communicators raise instead of aborting the job
+        (elastic training: a dead peer's error must reach the engine)."""
+        for comm in (self.user_comm, self.control, self.helpers, self.factory):
+            comm.Set_errhandler(MPI.ERRORS_RETURN)
+
+    @staticmethod
+    def is_process_failure(exc: BaseException) -> bool:
+        """Whether ``exc`` says a peer died (or a survivor revoked a communicator after one did).
+        A test of several requests reports their errors as ``ERR_IN_STATUS``: on the
+        engine's communicators under ULFM that is a failure of one of them."""
+        from .ulfm import is_process_failure
+
+        if isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_IN_STATUS:
+            return True
+        return is_process_failure(exc)
+
+    def revoke_all(self, stream_comms) -> None:
+        """Revoke every communicator this rank holds, so that each survivor still
+        blocked on one of them (or about to be) hears of the failure."""
+        for comm in (self.control, self.helpers, self.factory, *stream_comms):
+            try:
+                if not comm.Is_revoked():
+                    comm.Revoke()
+            except MPI.Exception as err:
+                log.debug("revoking a communicator failed: %s", err)
+
+    def shrink(self):
+        """Agree with every survivor on the failed ranks and shrink the control
+        communicator to the survivors (:func:`~.ulfm.agree_and_shrink`)."""
+        from .ulfm import agree_and_shrink
+
+        return agree_and_shrink(self.control)
+
+    def rebuild(self, control) -> None:
+        """Go on with the survivors' communicator ``control`` (collective over it):
+        new helper and factory duplicates, the quorum window made again (the old
+        one is abandoned, not freed: one-sided windows do not survive a failure),
+        the doorbell reopened with the new ranks. Sends in flight on the old
+        communicators are kept alive but never waited for."""
+        self.retain_unfinished_sends()
+        _KEPT_COMMS.pop(MPI._handleof(self.user_comm), None)  # the survivors' comms serve this session only
+        self.control = control
+        self.rank = control.Get_rank()
+        self.size = control.Get_size()
+        self.helpers = control.Dup()
+        self.factory = control.Dup()
+        for comm in (self.helpers, self.factory):
+            comm.Set_errhandler(MPI.ERRORS_RETURN)
+        had_window = self.quorum_window is not None
+        self.quorum_window = QuorumWindow(self.factory) if had_window and self.size > 1 else None
+        self.quorum_counters = self.quorum_window.for_stream if self.quorum_window is not None else None
+        if self.doorbell is not None:
+            self.doorbell.close()
+            self.doorbell = Doorbell.open(self.control.allgather, MPI.Get_processor_name(), self.rank) \
+                if self.size > 1 else None
+        self.rung_probes = 2 + 2 * math.ceil(math.log2(max(2, self.size)))
+        self.failed_over = True
+
+    def new_stream_comm_now(self):
+        """A new stream's communicator, made at once (the survivors remake theirs in stream order)."""
+        comm = self.factory.Dup()
+        comm.Set_errhandler(MPI.ERRORS_RETURN)
+        return comm
+
+    def gather_objects(self, value) -> list:
+        """Every survivor's ``value``, in rank order (collective over the control communicator)."""
+        return self.control.allgather(value)
+
+    def broadcast_object(self, value, root: int):
+        return self.control.bcast(value, root=root)
+
     # -- teardown ------------------------------------------------------------------
 
     def free(self):
         if self.doorbell is not None:
             self.doorbell.close()
         self.retain_unfinished_sends()
+        if self.failed_over:  # the survivors' communicators are dropped with the session
+            return
         try:  # only the factory and the window: control and helpers are kept for the next session
             if self.quorum_window is not None:
                 self.quorum_window.free()

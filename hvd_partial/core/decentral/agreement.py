@@ -96,9 +96,12 @@ class Agreements:
         self._open: dict[tuple, _Open] = {}
         self._early: dict[tuple, list] = {}  # reports for agreements this rank has not begun
         self._heard: set[tuple] = set()  # outcomes heard (floods are forwarded once)
+        self.outcomes: dict[tuple, object] = {}  # what each heard outcome said (re-told after a failure)
+        self._begun: dict[tuple, object] = {}  # this rank's own reports, as it first made them
         self._next_id = 0  # at the root: the next stream id
         self._sync_flushes: dict[int, int] = {}  # sync stream id -> flushes begun here
         self._rejections: dict[str, int] = {}  # name -> registrations of it rejected (a name may be posted again)
+        self._begin_later: list = []  # (key, payload) to begin once a rebase's outcomes were acted on
         self._left = False
         self._done = False  # this rank's own shutdown is done
         self._closing = False  # its report to ("closed",) is on its way
@@ -133,6 +136,57 @@ class Agreements:
             self._closing = True
             self._begin(("closed",), None)
 
+    # -- a failure: the survivors go on in a smaller world -----------------------------
+
+    def rebased(self, rank: int, size: int, send: Callable[[int, object], None], deliver: Callable[[object], None],
+                heard: dict, next_id: int) -> tuple["Agreements", list]:
+        """The same agreements on the survivors' world, as ``rank`` of ``size``,
+        and the outcomes this rank has still to act on. ``heard``: every outcome
+        some survivor heard (the same on every survivor), which this rank adopts
+        without flooding it again; ``next_id``: the next stream id to assign.
+        Gathers in progress lost their reports with the old communicator: this
+        rank's own reports that no outcome answered begin again."""
+        new = Agreements(rank, size, send, deliver)
+        new._next_id = next_id
+        new._heard = set(self._heard)
+        new.outcomes = dict(self.outcomes)
+        new._sync_flushes = dict(self._sync_flushes)
+        new._rejections = dict(self._rejections)
+        new._left, new._done = self._left, self._done
+        # registrations in stream id order (the order streams get their communicators), then the rest
+        missed = sorted((key for key in heard if key not in self._heard),
+                        key=lambda k: (0, heard[k].stream, "") if type(heard[k]) is Registered else (1, 0, str(k)))
+        for key in missed:
+            new._heard.add(key)
+            new.outcomes[key] = heard[key]
+        for key, payload in self._begun.items():
+            if key in heard:
+                continue
+            kind = key[0]
+            if kind == "register":
+                payload = (payload[0], rank, None)
+            elif kind == "leave":
+                payload = {name: frozenset([rank]) for name in payload}
+            elif kind == "closed":
+                new._closing = True
+            new._begin_later.append((key, payload))
+        return new, [(key, heard[key]) for key in missed]
+
+    def begin_again(self) -> None:
+        """Begin the gathers :meth:`rebased` kept (after the missed outcomes were acted on)."""
+        later, self._begin_later = self._begin_later, []
+        for key, payload in later:
+            self._begin(key, payload)
+
+    def act_on(self, key: tuple, message) -> None:
+        """Act on an outcome adopted by :meth:`rebased` (never flooded again)."""
+        for decision in (message if key[0] == "leave" else (message,)):
+            if type(decision) is Rejected:
+                self._rejections[decision.name] = self._rejections.get(decision.name, 0) + 1
+            self._deliver(decision)
+        if key[0] == "leave":
+            self._close_when_ready()
+
     # -- messages -------------------------------------------------------------------------
 
     def on_message(self, source: int, message) -> None:
@@ -153,6 +207,7 @@ class Agreements:
             raise EngineError(f"rank {self.rank}: agreement {key!r} begun twice")
         gather = Gather(key[0], self._order, self.rank)
         gather.ready = True
+        self._begun[key] = payload
         opened = self._open[key] = _Open(gather, payload)
         for report in self._early.pop(key, ()):
             self._apply(opened, report)
@@ -209,7 +264,9 @@ class Agreements:
         if key in self._heard:
             return
         self._heard.add(key)
+        self.outcomes[key] = message
         self._open.pop(key, None)
+        self._begun.pop(key, None)
         for n in self.neighbours:
             if n != source:
                 self._send(n, AgreementOutcome(key, message))

@@ -72,17 +72,8 @@ class DecentralStream:
         self.rank, self.world_size, self.kind, self.tau, self.name = rank, world_size, kind, max_staleness, name
         self.seed, self.quorum, self.data = seed, quorum, data
         self.stats = StreamStats()
-        self._initiators = DesignatedInitiators(seed, name, world_size)
-        self._designated_cache = (-1, -1)
-        if quorum is not None and counters is None:
-            if world_size > 1:
-                raise EngineError(f"rank {rank}: stream {name!r} has a quorum but no quorum counters")
-            counters = SharedQuorumCounters().for_rank(rank)(0)
-        self.tally = None if quorum is None else QuorumTally(rank, quorum, counters, self._initiators, self.stats)
-        self.activation = Activation(rank, world_size)
-        self.parking = Parking(rank, self.activation.neighbours)
-        self.floods = HeldBack(rank, world_size, kind, defer_activations, self.activation, self.stats, self.tally,
-                               self.parking)
+        self._defer_activations = defer_activations
+        self._build_parts(counters)
         self.completed = 0  # rounds completed here
         self.flushing = False
         self.left = False  # shutdown flushed the stream: this rank posts to it no more
@@ -96,6 +87,56 @@ class DecentralStream:
         self.last_joined = -1
         self._only_me = np.array([rank])  # the steady state's majority gather, at its designated rank
         self._hold(self.view)
+
+    def _build_parts(self, counters: QuorumCounters | None) -> None:
+        """The parts that depend on this rank's place in the world (made anew when it shrinks)."""
+        rank, world_size, name = self.rank, self.world_size, self.name
+        self._initiators = DesignatedInitiators(self.seed, name, world_size)
+        self._designated_cache = (-1, -1)
+        if self.quorum is not None and counters is None:
+            if world_size > 1:
+                raise EngineError(f"rank {rank}: stream {name!r} has a quorum but no quorum counters")
+            counters = SharedQuorumCounters().for_rank(rank)(0)
+        self.tally = None if self.quorum is None else QuorumTally(rank, self.quorum, counters, self._initiators,
+                                                                  self.stats)
+        self.activation = Activation(rank, world_size)
+        self.parking = Parking(rank, self.activation.neighbours)
+        self.floods = HeldBack(rank, world_size, self.kind, self._defer_activations, self.activation, self.stats,
+                               self.tally, self.parking)
+
+    def rebase(self, rank: int, world_size: int, last_facts: np.ndarray | None, started: int,
+               counters: QuorumCounters | None = None) -> None:
+        """The world shrank (elastic training) and every survivor has completed
+        the same rounds, ``self.completed`` of them: go on as ``rank`` of
+        ``world_size``. ``last_facts``: the facts of the last completed round,
+        re-indexed to the new ranks (None before round 0 completed), from which
+        every survivor derives the same view of the next round; ``started``:
+        the rounds started by some survivor, which every survivor joins
+        (:meth:`catch_up`) and which are redone on the new world. Control
+        messages in flight were lost with the old communicator: gathers and
+        notices begin again from the view."""
+        parked, through = self.parking.parked, self.parking.through
+        self.rank, self.world_size = rank, world_size
+        self._build_parts(counters)
+        self.parking.parked, self.parking.through = parked, through
+        self._only_me = np.array([rank])
+        self.early = {}
+        self.held = None
+        if started > 0:
+            self.activation.latest = started - 1
+        c = self.completed
+        if last_facts is None:
+            self.view = RoundView.registration_view(world_size)
+        else:
+            self.view = RoundView.after(c - 1, last_facts, self.tau, self.flushes_done, self.last_flush_round)
+        if self.view.round > self.activation.latest:
+            self._hold(self.view)
+
+    def catch_up(self, started: int) -> list:
+        """Join every round up to ``started - 1`` that a survivor started and this
+        rank had not joined yet (after :meth:`rebase`), then decide what comes next."""
+        out = [self.join(r, initiated=False) for r in range(self.last_joined + 1, started)]
+        return out + self._progress()
 
     # -- compute-thread requests ------------------------------------------------------
 
