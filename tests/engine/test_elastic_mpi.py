@@ -1,0 +1,69 @@
+"""Elastic training: the engine survives a rank killed for real (``os._exit``
+at a named point of the code), under Open MPI 5 with ULFM (``bash
+ci/test-openmpi``); elsewhere these tests skip. Each kills 1 rank of 4
+(Open MPI 5.0's launcher ends the job once half its processes died).
+
+What every survivor must see: its own posts each summed exactly once, the
+dead rank's at most once, the same results in round order as every other
+survivor (digest), the world shrunk to 3 with the dead rank named.
+"""
+
+import pytest
+from launch.procs import assert_no_leftovers, token
+from transport.test_ulfm_mpi import ULFM_ARGS, _no_ulfm_launcher
+from workers.support import run_case_job
+
+pytestmark = pytest.mark.mpi
+
+CASES = "elastic_cases.py"
+
+
+@pytest.fixture
+def ulfm():
+    reason = _no_ulfm_launcher()
+    if reason:
+        pytest.skip(reason)
+
+
+def _survivors(case, *args, nprocs=4, victim):
+    word = token()
+    res = run_case_job(CASES, nprocs, case, word, *args, timeout=90, expect_success=False, mpiexec_args=ULFM_ARGS)
+    assert sorted(res.results) == sorted(set(range(nprocs)) - {victim}), res.tail()
+    assert_no_leftovers(word)
+    return res.results
+
+
+def _same(reports, key):
+    values = {rank: rep[key] for rank, rep in reports.items()}
+    assert len({repr(v) for v in values.values()}) == 1, values
+    return next(iter(values.values()))
+
+
+# Known failure, measured while this was written: 3 of these 6 lost a survivor's own post. Open
+# MPI 5.0's nonblocking collectives (coll/libnbc) can complete an allreduce with no error but a
+# partial sum once a peer died, so a survivor takes a round that lacks a contribution. The fix
+# is a check that every rank's part arrived (a "present" row in the facts, a count per buffer).
+@pytest.mark.xfail(reason="Open MPI's libnbc may complete an allreduce without error but with a partial sum "
+                          "after a peer dies; rounds are not yet verified", strict=False)
+@pytest.mark.parametrize("mode,victim,point,count", [
+    ("solo", 1, "round_launched", 5),
+    ("solo", 0, "round_launched", 3),     # rank 0: the agreements' root
+    ("majority", 2, "round_launched", 4),
+    ("sync", 3, "round_launched", 6),
+    ("solo", 2, "post_submitted", 7),
+    ("solo", 1, "flush_submitted", 1),    # during the final flush
+])
+def test_survivors_train_on_with_identical_results(ulfm, mode, victim, point, count):
+    reports = _survivors("train_through_a_kill", mode, str(victim), point, str(count), victim=victim)
+    assert _same(reports, "lost") == [victim]
+    assert _same(reports, "size") == 3 and _same(reports, "version") == 1
+    assert _same(reports, "survivors_whole") is True
+    _same(reports, "digest")
+    _same(reports, "dead_summed")
+    assert 3 in _same(reports, "sizes")
+
+
+def test_a_helper_collective_in_flight_fails_alike_then_runs_on_the_new_world(ulfm):
+    reports = _survivors("helper_fails_alike", "1", victim=1)
+    assert _same(reports, "outcome") == "HorovodInternalError"
+    assert _same(reports, "after") == [3.0] * 4

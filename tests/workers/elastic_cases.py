@@ -1,0 +1,90 @@
+"""Training on after a dead rank (elastic training, the engine wired to ULFM):
+``elastic_cases.py CASE TOKEN MODE VICTIM POINT COUNT``, run under
+``mpirun --with-ft ulfm --mca btl tcp,self`` (Open MPI 5).
+
+The victim dies by ``os._exit`` when the named point of hvd_partial's code
+(:mod:`hvd_partial.faults`) is reached for the COUNT-th time: no timing. Every
+rank posts one-hot contributions (rank r's post t is 1 at ``r * STEPS + t``)
+with ``op=Sum``; each survivor reports what the test checks across survivors:
+its own posts each summed exactly once, the dead rank's each at most once,
+the digest of every result in round order, the world it ends in.
+
+Survivors end with ``os._exit`` after their report (Open MPI 5.0's
+MPI_Finalize after a failure now and then waits forever).
+"""
+
+import hashlib
+import os
+import sys
+
+import numpy as np
+
+from support import case, phase, report, run_case
+
+import hvd_partial as hvd
+from hvd_partial import faults
+
+STEPS = 16
+
+
+@case
+def train_through_a_kill(_token, mode, victim, point, count):
+    victim, count = int(victim), int(count)
+    hvd.init(elastic=True, mode=mode)
+    me, size = hvd.rank(), hvd.size()
+    if me == victim:
+        faults.at(point, lambda n: n >= count and os._exit(1))
+    length = size * STEPS
+    results = []
+    for t in range(STEPS):
+        x = np.zeros(length, np.float64)
+        x[me * STEPS + t] = 1.0
+        results += hvd.partial_allreduce(x, "g", op=hvd.Sum)
+    results += hvd.flush("g")
+    total = sum(r.array for r in results)
+    world = hvd.world()
+    mine = total[me * STEPS:(me + 1) * STEPS]
+    assert (mine == 1).all(), f"rank {me}: own posts summed {mine.tolist()}"
+    assert total.max() <= 1, f"rank {me}: a post summed twice: {np.flatnonzero(total > 1).tolist()}"
+    dead = total[victim * STEPS:(victim + 1) * STEPS]
+    assert [r.round for r in results] == list(range(len(results))), "rounds out of order"
+    sizes = sorted({r.world_size for r in results})
+    phase("reporting")
+    report({"lost": list(world.lost), "size": hvd.size(), "version": world.version, "sizes": sizes,
+            "rounds": len(results), "dead_summed": int(dead.sum()),
+            "survivors_whole": bool(all((total[m * STEPS:(m + 1) * STEPS] == 1).all() for m in world.members)),
+            "digest": hashlib.sha1(b"".join(r.array.tobytes() for r in results)).hexdigest()})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+@case
+def helper_fails_alike(_token, victim):
+    """A metric allreduce in flight at the kill fails on every survivor with
+    HorovodInternalError; after acknowledge_world_change() it runs on the new world."""
+    victim = int(victim)
+    hvd.init(elastic=True)
+    me = hvd.rank()
+    if me == victim:
+        faults.at("helper_started", lambda n: os._exit(1))
+    outcome = "value"
+    try:
+        hvd.allreduce(np.ones(4), name="metric", op=hvd.Sum)
+    except hvd.HorovodInternalError:
+        outcome = "HorovodInternalError"
+    if outcome == "value":  # completed before the kill here: the next helper call fails instead
+        try:
+            hvd.allreduce(np.ones(4), name="metric2", op=hvd.Sum)
+            outcome = "no error"
+        except hvd.HorovodInternalError:
+            outcome = "HorovodInternalError"
+    hvd.acknowledge_world_change()
+    after = hvd.allreduce(np.ones(4), name="after", op=hvd.Sum)
+    report({"outcome": outcome, "after": after.tolist(), "size": hvd.size()})
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    run_case()
