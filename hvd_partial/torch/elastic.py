@@ -233,7 +233,7 @@ class TorchState(ObjectState):
     """
 
     def __init__(self, model=None, optimizer=None, collectives: ElasticCollectives | None = None, **kwargs):
-        kwargs.update(model=model, optimizer=optimizer)
+        kwargs = {"model": model, "optimizer": optimizer, **kwargs}  # models first: their broadcasts lead the sync
         parts = {name: _part_for(value) for name, value in kwargs.items()}
         object.__setattr__(self, "_parts", {name: part for name, part in parts.items() if part is not None})
         for name, part in self._parts.items():
