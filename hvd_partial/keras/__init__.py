@@ -27,7 +27,7 @@ from ..tensorflow import (Compression, ProcessSet, add_process_set, allgather_ob
                           global_process_set, gloo_built, gloo_enabled, init, is_homogeneous, mpi_built,
                           mpi_enabled, mpi_threads_supported, nccl_built, remove_process_set, rocm_built,
                           start_timeline, stop_timeline)
-from . import callbacks, fit_hooks  # noqa: E402
+from . import callbacks, elastic, fit_hooks  # noqa: E402
 from .functions import allgather, allreduce, broadcast, broadcast_global_variables, reducescatter  # noqa: E402
 from .optimizer import DistributedOptimizer  # noqa: E402
 from .saving import load_model  # noqa: E402
@@ -39,7 +39,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
     "is_homogeneous", "config", "barrier", "stats",
     "Sync", "Solo", "Majority", "Average", "Sum", "Min", "Max", "Product", "Adasum",
-    "DistributedOptimizer", "callbacks", "load_model", "Compression",
+    "DistributedOptimizer", "callbacks", "elastic", "load_model", "Compression",
     "allreduce", "allgather", "broadcast", "reducescatter", "broadcast_variables", "broadcast_global_variables",
     "broadcast_object", "allgather_object",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",

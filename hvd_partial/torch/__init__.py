@@ -19,9 +19,9 @@ Example::
     opt.flush()  # before evaluation and checkpoints
 """
 
-from .. import (ConfigError, DuplicateNameError, EngineError, HvdPartialError, Majority, MismatchError,
-                NotInitializedError, NotSupportedError, RankFailedError, Solo, StreamConflictError, Sync,
-                UnsupportedInputError, init, is_initialized, local_rank, local_size, rank, shutdown, size, stats)
+from .. import (ConfigError, DuplicateNameError, EngineError, HostsUpdatedInterrupt, HvdPartialError, Majority,
+                MismatchError, NotInitializedError, NotSupportedError, RankFailedError, Solo, StreamConflictError,
+                Sync, UnsupportedInputError, init, is_initialized, local_rank, local_size, rank, shutdown, size, stats)
 from ..collectives.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from . import elastic
 from .basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,
@@ -37,7 +37,8 @@ from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, TorchHandle, allg
 from .optimizer import DistributedOptimizer, SynchronizationError
 from .sync_batch_norm import SyncBatchNorm
 
-#: Horovod's error for a failed collective; every hvd_partial error is one.
+#: Horovod's error for a failed collective; every hvd_partial error is one (``hvd.elastic.run`` recovers
+#: from ``hvd_partial.HorovodInternalError``, the world-change error, a subclass).
 HorovodInternalError = HvdPartialError
 
 __all__ = [
@@ -63,5 +64,5 @@ __all__ = [
     # errors
     "HorovodInternalError", "HvdPartialError", "NotInitializedError", "ConfigError", "UnsupportedInputError",
     "StreamConflictError", "DuplicateNameError", "MismatchError", "RankFailedError", "EngineError",
-    "NotSupportedError", "SynchronizationError",
+    "NotSupportedError", "SynchronizationError", "HostsUpdatedInterrupt",
 ]

@@ -71,7 +71,6 @@ def test_not_supported_names_fail_clearly_not_with_attribute_errors():
     for name, (status, _) in rows.items():
         if status == "not supported":
             assert getattr(hvd, name) is not None
-    with pytest.raises(hvd.NotSupportedError, match="elastic"):
-        hvd.elastic.run(lambda state: None)
+    assert callable(hvd.elastic.run(lambda state: None))  # elastic is supported: decorating refuses nothing
     with pytest.raises(hvd.NotSupportedError, match="global_process_set"):
         hvd.add_process_set([0, 1])

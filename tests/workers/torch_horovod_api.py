@@ -91,13 +91,11 @@ def api() -> dict:
     for i in range(r + 1):
         steps.append(hvd.allreduce(torch.ones(1), name=f"j{i}", op=hvd.Sum).item())
     out["join"] = [steps, hvd.join()]
-    phase("process sets and elastic")
+    phase("process sets")
     out["global_set"] = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=hvd.global_process_set).item()
     out["refused"] = {}
     for what, call in {"add_process_set": lambda: hvd.add_process_set([0]),
                        "other_set": lambda: hvd.allreduce(torch.ones(1), process_set=hvd.ProcessSet([0])),
-                       "elastic.run": lambda: hvd.elastic.run(lambda state: None),
-                       "elastic.TorchState": lambda: hvd.elastic.TorchState(model=None),
                        "adasum": lambda: hvd.allreduce(torch.ones(1), op=hvd.Adasum)}.items():
         try:
             call()

@@ -11,4 +11,4 @@ Example::
 """
 
 from ...keras import *  # noqa: F401,F403
-from ...keras import __all__, callbacks  # noqa: F401
+from ...keras import __all__, callbacks, elastic  # noqa: F401
