@@ -135,8 +135,12 @@ def _exit_like(code: int) -> None:
     if code < 0:
         sys.stdout.flush()
         sys.stderr.flush()
-        signal.signal(-code, signal.SIG_DFL)
+        try:
+            signal.signal(-code, signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL, SIGSTOP: no handler to reset
+            pass
         os.kill(os.getpid(), -code)
+        os._exit(128 - code)  # a signal that does not kill by default
     os._exit(code if 0 <= code < 256 else 1)
 
 
