@@ -23,13 +23,15 @@ WRAPPER = os.path.abspath(rank_status.__file__)
 
 
 @pytest.fixture(autouse=True)
-def clean_environment(monkeypatch):
-    # mpiexec_command exports Open MPI's -x variables into this process: undo it after each test.
-    for name in ("HVD_PARTIAL_ELASTIC", rank_status.STATUS_DIR_ENV, rank_status.EXIT_MARK_ENV):
-        monkeypatch.delenv(name, raising=False)
+def clean_environment():
+    # mpiexec_command exports Open MPI's -x variables (HVD_PARTIAL_ELASTIC=1 among them) into
+    # this process: undo it after each test, or later tests' init() would be elastic.
+    saved = dict(os.environ)
     detect_flavor.cache_clear()
     yield
     detect_flavor.cache_clear()
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def stand_in(tmp_path, banner: str, body: str = "") -> str:
@@ -101,6 +103,10 @@ def test_growth_flags_stay_refused_saying_why(capsys):
         assert cli.main(["-np", "2", flag, "x", "python", "t.py"]) == 2
         err = capsys.readouterr().err
         assert f"horovodrun's {flag} is not supported" in err and "never starts new ones" in err, err
+
+
+def test_the_environment_is_restored_after_each_test():
+    assert "HVD_PARTIAL_ELASTIC" not in os.environ and rank_status.STATUS_DIR_ENV not in os.environ
 
 
 def test_non_elastic_command_line_is_unchanged(tmp_path):
