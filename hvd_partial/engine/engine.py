@@ -48,7 +48,7 @@ from .pacing import Pacing
 from .readout import EngineReadout
 from .parking import Parking
 from .recovery import recover
-from .reductions import Reductions
+from .reductions import PartialRoundError, Reductions
 from .stats import StatsRecorder
 
 log = logging.getLogger("hvd_partial.engine")
@@ -266,7 +266,8 @@ class Engine:
                         pacing.rest(self._reductions, self._helpers.busy,
                                     min(h.posted_at for h in calls) if calls else None, timer)
                 except Exception as exc:  # noqa: BLE001 - a dead peer, where elastic training survives it
-                    if not (self.config.elastic and self.transport.is_process_failure(exc)):
+                    if not (self.config.elastic and (isinstance(exc, PartialRoundError)
+                                                     or self.transport.is_process_failure(exc))):
                         raise
                     self._recover()
                     pacing = self._pacing

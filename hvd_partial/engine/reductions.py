@@ -14,10 +14,12 @@ import time
 from collections import deque
 from typing import Any, Callable
 
+import numpy as np
+
 from .. import faults
 from ..core.buffer_pool import BufferPool
 from ..core.rank_stream import Launch, RankStream
-from ..errors import TooManyStreamsError
+from ..errors import HvdPartialError, TooManyStreamsError
 from ..transport.protocol import Transport
 
 # How long a reduction is tested continuously before the tests space out
@@ -25,15 +27,39 @@ from ..transport.protocol import Transport
 _PATIENCE_SECONDS = 1e-3
 
 
+class PartialRoundError(HvdPartialError):
+    """A round's reduction completed here without every rank's part (elastic
+    training: a peer died during it); the round counts as not completed here."""
+
+
+def _counted_copies(pool: BufferPool, send: list) -> tuple[list, list]:
+    """Copies of ``send`` to reduce, each one element longer, set to 1: after the
+    sum it counts the ranks whose part arrived. Returns (buffers to reduce, views of the data)."""
+    counted, views = [], []
+    for s in send:
+        buf = pool.take_one(s.size + 1, s.dtype.name)
+        np.copyto(buf[:-1], s.reshape(-1))
+        buf[-1] = 1
+        counted.append(buf)
+        views.append(buf[:-1].reshape(s.shape))
+    return counted, views
+
+
+def _every_part_arrived(entry: "RoundEntry") -> bool:
+    return all(int(buf[-1]) == entry.expected for buf in entry.counted)
+
+
 class RoundEntry:
     """A launched round: its receive buffers and MPI requests once started
     (the facts' request, of a solo or majority round, is also kept apart)."""
 
-    __slots__ = ("launch", "recv", "requests", "facts_request", "started")
+    __slots__ = ("launch", "recv", "requests", "facts_request", "started", "counted", "expected")
 
     def __init__(self, launch: Launch):
         self.launch = launch
         self.recv = None
+        self.counted = None  # elastic training: the reduced buffers, each with a count of contributors last
+        self.expected = 0  # ... which must be the size of the world the round ran on
         self.requests = None
         self.facts_request = None
         self.started = 0.0
@@ -108,17 +134,24 @@ class Reductions:
             while queue:
                 entry = queue[0]
                 if entry.launch.send is not None:
-                    if entry.requests is None or not self._finished(entry.requests):
+                    if entry.requests is None or not self._finished(entry):
                         break
                 queue.popleft()
                 self._complete(self._streams[sid], entry.launch, entry.recv)
                 worked = True
         return worked
 
-    def _finished(self, requests) -> bool:
-        if self.keep_contributions:  # (elastic training) a request that completed in error raises
-            return self.transport.done_checked(requests)
-        return self.transport.done(requests)
+    def _finished(self, entry: RoundEntry) -> bool:
+        if not self.keep_contributions:
+            return self.transport.done(entry.requests)
+        # Elastic training: a request that completed in error raises, and so does one that
+        # completed without every rank's part (Open MPI's nonblocking collectives can, once a peer died).
+        if not self.transport.done_checked(entry.requests):
+            return False
+        if not _every_part_arrived(entry):
+            raise PartialRoundError(f"rank {self.rank}: round {entry.launch.round} completed without every rank's "
+                                    "part (a peer died)")
+        return True
 
     def poll(self, deadline: float, commands) -> None:
         """Test the oldest reduction of every stream until one completes, a
@@ -172,8 +205,10 @@ class Reductions:
                 entry = queue[0]
                 if entry.launch.send is not None:
                     try:
-                        if entry.requests is None or not self.transport.done_checked(entry.requests):
+                        if entry.requests is None or not self._finished(entry):
                             break
+                    except PartialRoundError:
+                        break
                     except Exception as err:  # noqa: BLE001 - MPI's error types stay in the transport
                         if not is_failure(err):
                             raise
@@ -211,7 +246,7 @@ class Reductions:
     def restart(self, sid: int) -> None:
         """Start stream ``sid``'s rounds in flight again, on its new communicator."""
         for entry in self._rounds[sid]:
-            entry.requests = entry.facts_request = entry.recv = None
+            entry.requests = entry.facts_request = entry.recv = entry.counted = None
         self._start_entries(sid)
 
     # -- internals ----------------------------------------------------------------------
@@ -259,9 +294,12 @@ class Reductions:
                 # is the stream's own is a local fact. An owned buffer becomes
                 # the result; the caller's arrays (and shared zeros) are copied
                 # into a pooled one first, as MPI would copy into a receive buffer.
-                keep = self.keep_contributions
-                entry.recv = recv = [s if mine and not keep else pool.copy_of(s).reshape(s.shape)
-                                     for s, mine in zip(launch.send, launch.owned)]
+                if self.keep_contributions:
+                    entry.counted, entry.recv, entry.expected = *_counted_copies(pool, launch.send), self.transport.size
+                    reduced = entry.counted
+                else:
+                    entry.recv = reduced = [s if mine else pool.copy_of(s) for s, mine in zip(launch.send, launch.owned)]
+                recv = reduced
                 start = self.transport.iallreduce_in_place
                 if launch.with_facts:
                     # The facts (small) go first, so that their completion soon tells that

@@ -39,12 +39,6 @@ def _same(reports, key):
     return next(iter(values.values()))
 
 
-# Known failure, measured while this was written: 3 of these 6 lost a survivor's own post. Open
-# MPI 5.0's nonblocking collectives (coll/libnbc) can complete an allreduce with no error but a
-# partial sum once a peer died, so a survivor takes a round that lacks a contribution. The fix
-# is a check that every rank's part arrived (a "present" row in the facts, a count per buffer).
-@pytest.mark.xfail(reason="Open MPI's libnbc may complete an allreduce without error but with a partial sum "
-                          "after a peer dies; rounds are not yet verified", strict=False)
 @pytest.mark.parametrize("mode,victim,point,count", [
     ("solo", 1, "round_launched", 5),
     ("solo", 0, "round_launched", 3),     # rank 0: the agreements' root
