@@ -260,6 +260,11 @@ class DecentralControl:
             counters = self._quorum_counters(quorum_index)
         machine.rebase(self.rank, self.size, stream.last_facts, started, counters)
 
+    def uses_quorum(self, stream_id: int) -> bool:
+        """Whether that stream is majority with a quorum (its counters are in the window)."""
+        machine = self.streams.get(stream_id)
+        return machine is not None and machine.quorum is not None
+
     def catch_up(self, stream, started: int) -> None:
         """Join the rounds a survivor started that this rank had not, and decide what comes next."""
         machine = self.streams.get(stream.id)

@@ -18,8 +18,41 @@ Example::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .driver import Driver
 from .rank_stream import RankStream
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPlan:
+    """What the survivors do with one stream's rounds in flight, the same on
+    every survivor: ``holder`` (a new rank) completed the most rounds and hands
+    rounds ``handed`` to every survivor that did not complete them; the rounds
+    after those, up to ``started - 1``, completed nowhere and are redone on the
+    new world, every survivor joining them."""
+
+    holder: int
+    handed: range
+    started: int
+
+
+def plan_streams(rounds: list[dict]) -> dict[int, StreamPlan]:
+    """Per stream, from every survivor's ``{stream id: (completed, started)}``
+    (in new rank order), who hands which rounds over and how many are started."""
+    plans = {}
+    for sid in sorted(rounds[0]):
+        completed = [r[sid][0] for r in rounds]
+        top = max(completed)
+        plans[sid] = StreamPlan(completed.index(top), range(min(completed), top),
+                                max(r[sid][1] for r in rounds))
+    return plans
+
+
+def columns_between(before_members, after_members) -> list[int]:
+    """The ranks of the world before that survive, in their order in the world after
+    (members are numbered as at init): how facts are re-indexed."""
+    return [list(before_members).index(m) for m in after_members]
 
 
 def recovery_report(driver: Driver) -> dict:

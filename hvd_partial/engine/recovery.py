@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 
 from ..core.driver import Driver
-from ..core.rebase import adopt_world, catch_up, rebase_stream, recovery_report
+from ..core.rebase import adopt_world, catch_up, columns_between, plan_streams, rebase_stream, recovery_report
 from ..core.world import World
 from ..errors import RecoveryError
 from .. import faults
@@ -105,26 +105,21 @@ def _resolve(transport, driver: Driver, reductions: Reductions, world: World, wo
     reductions.remake_comms(transport.new_stream_comm_now)
     rounds = transport.gather_objects({sid: (s.completed, s.started) for sid, s in driver.by_id.items()})
     quorum_index = 0
-    for sid in sorted(driver.by_id):
+    for sid, plan in plan_streams(rounds).items():
         stream = driver.by_id[sid]
-        completed = [r[sid][0] for r in rounds]
-        started = [r[sid][1] for r in rounds]
-        top = max(completed)
-        holder = completed.index(top)
-        for r in range(min(completed), top):
-            data = stream.kept_round(r) if world.rank == holder else None
-            data = transport.broadcast_object(data, holder)
+        for r in plan.handed:
+            data = stream.kept_round(r) if world.rank == plan.holder else None
+            data = transport.broadcast_object(data, plan.holder)
             if stream.completed <= r:
                 driver.complete(stream, reductions.pop_round(sid, r), data)
-        before = worlds[stream.world_version]
-        columns = [before.members.index(m) for m in world.members]
-        uses_quorum = driver.control.streams.get(sid) is not None and driver.control.streams[sid].quorum is not None
-        rebase_stream(driver, stream, columns, max(started), quorum_index if uses_quorum else None, world.version)
+        columns = columns_between(worlds[stream.world_version].members, world.members)
+        uses_quorum = driver.control.uses_quorum(sid)
+        rebase_stream(driver, stream, columns, plan.started, quorum_index if uses_quorum else None, world.version)
         quorum_index += 1 if uses_quorum else 0
         for launch in reductions.in_flight_launches(sid):
             if launch.with_facts and launch.send[-1].shape[1] != world.size:  # re-indexed: the dead ranks' columns go
                 launch.send[-1] = launch.send[-1][:, columns]
         reductions.restart(sid)
         if not stream.sync:
-            catch_up(driver, stream, max(started))
+            catch_up(driver, stream, plan.started)
     driver.begin_again()

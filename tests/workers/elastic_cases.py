@@ -9,8 +9,9 @@ with ``op=Sum``; each survivor reports what the test checks across survivors:
 its own posts each summed exactly once, the dead rank's each at most once,
 the digest of every result in round order, the world it ends in.
 
-Survivors end with ``os._exit`` after their report (Open MPI 5.0's
-MPI_Finalize after a failure now and then waits forever).
+Survivors shut hvd_partial down (collective: none leaves while another still
+needs it), report, then end with ``os._exit`` (Open MPI 5.0's MPI_Finalize
+after a failure now and then waits forever).
 """
 
 import hashlib
@@ -49,8 +50,10 @@ def train_through_a_kill(_token, mode, victim, point, count):
     dead = total[victim * STEPS:(victim + 1) * STEPS]
     assert [r.round for r in results] == list(range(len(results))), "rounds out of order"
     sizes = sorted({r.world_size for r in results})
+    lost, size, version = list(world.lost), hvd.size(), world.version
+    hvd.shutdown()  # collective: no survivor leaves while another still needs it
     phase("reporting")
-    report({"lost": list(world.lost), "size": hvd.size(), "version": world.version, "sizes": sizes,
+    report({"lost": lost, "size": size, "version": version, "sizes": sizes,
             "rounds": len(results), "dead_summed": int(dead.sum()),
             "survivors_whole": bool(all((total[m * STEPS:(m + 1) * STEPS] == 1).all() for m in world.members)),
             "digest": hashlib.sha1(b"".join(r.array.tobytes() for r in results)).hexdigest()})
