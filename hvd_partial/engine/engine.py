@@ -98,7 +98,7 @@ class Engine:
                               transport.quorum_counters)
         self._liveness = Liveness(transport, self.rank, self.size, config)
         self._dispatch = Dispatch(transport, self.rank, self._driver, {
-            TAG_FAILURE: lambda source, notice: me.fail(me._liveness.failure_notice(source, notice)),
+            TAG_FAILURE: lambda source, notice: _fail_if(me, me._liveness.failure_notice(source, notice)),
             TAG_HEARTBEAT: lambda source, beat: None,
             TAG_STATUS: lambda source, status: me._on_status(source, status)}, self._liveness.heard)
         self._reductions = Reductions(transport, self.rank, config.reduce_poll_us, self._driver.complete)
@@ -403,6 +403,12 @@ class Engine:
     def _on_status(self, source: int, status) -> None:
         if self.observer is not None:
             self.observer.on_status(source, status)
+
+
+def _fail_if(engine: Engine, error: HvdPartialError | None) -> None:
+    """A failure notice fails the engine, unless elastic training survives it (``error`` None)."""
+    if error is not None:
+        engine.fail(error)
 
 
 # Each command's handler, by its type (the engine thread takes every queued command through it).

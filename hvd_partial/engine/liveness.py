@@ -32,6 +32,9 @@ class Liveness:
 
     def __init__(self, transport, rank: int, size: int, config):
         self.transport = transport
+        # Elastic training: a declared rank is ended and then survived, so notices are not flooded:
+        # the accuser ends the silent process (same host) and MPI then reports it to everyone.
+        self.elastic = config.elastic
         self.rank = rank
         self.size = size
         self.config = config
@@ -52,11 +55,25 @@ class Liveness:
         """Send the heartbeat when due; the predecessor's failure, if it has
         been silent too long (its notices are already out)."""
         self.next_check = now + CHECK_SECONDS
-        return self._carry_out(self.core.tick(now))
+        actions = self.core.tick(now)
+        if not self.elastic:
+            return self._carry_out(actions)
+        for action in actions:
+            if type(action) is Send:
+                if type(action.message) is Heartbeat:
+                    self.transport.send(action.dest, TAG_HEARTBEAT, action.message)
+            elif self.transport.end_process(action.error.rank):
+                log.warning("rank %d: rank %d stopped answering (%s); ended it, to go on without it",
+                            self.rank, action.error.rank, action.error.reason)
+            else:  # on another host: nothing here can end it, and a shrink would wait for it
+                return action.error
+        return None
 
-    def failure_notice(self, source: int, notice: Failure) -> HvdPartialError:
+    def failure_notice(self, source: int, notice: Failure) -> HvdPartialError | None:
         """The error a failure notice from ``source`` means on this rank; the
         notice is passed on the first time (the flood)."""
+        if self.elastic and notice.rank != self.rank:
+            return None  # the rank that raised or was ended dies; MPI reports it to every survivor
         error = self._carry_out(self.core.on_notice(source, notice))
         # Not this rank's first failure: the engine has stopped on that one already.
         return error if error is not None else self.core.failure

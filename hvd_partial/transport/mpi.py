@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import signal
 
 import numpy as np
 from mpi4py import MPI
@@ -123,9 +125,13 @@ class MpiTransport:
         self.control, self.helpers = _session_comms(comm)
         self.tag_base = _TAG_BASE + (_agree_on_session(self.control) % _SESSION_SLOTS) * _TAG_SPAN
         self.factory = comm.Dup()
+        # Elastic training: every rank's (host, process id), so that a rank that stops
+        # answering on this host can be ended (a stopped process would block the shrink).
+        self.processes: list | None = None
         if elastic:  # ULFM: a peer's failure must raise MPI.Exception on every communicator, never abort
             for own in (self.control, self.helpers, self.factory):  # stream communicators inherit it from factory
                 own.Set_errhandler(MPI.ERRORS_RETURN)
+            self.processes = self.control.allgather((MPI.Get_processor_name(), os.getpid()))
         # majority's quorum counters (decentralized plane; one-sided, made now because making them is collective)
         self.quorum_window = QuorumWindow(self.factory) if quorum_counters and self.size > 1 else None
         self.quorum_counters = self.quorum_window.for_stream if self.quorum_window is not None else None
@@ -288,7 +294,23 @@ class MpiTransport:
             self.doorbell = Doorbell.open(self.control.allgather, MPI.Get_processor_name(), self.rank) \
                 if self.size > 1 else None
         self.rung_probes = 2 + 2 * math.ceil(math.log2(max(2, self.size)))
+        self.processes = self.control.allgather((MPI.Get_processor_name(), os.getpid()))
         self.failed_over = True
+
+    def end_process(self, rank: int) -> bool:
+        """End rank ``rank``'s process (SIGKILL) if it runs on this host, so that MPI
+        reports it failed (elastic training: it stopped answering but is not dead). False
+        where it cannot (another host, or no process list)."""
+        if self.processes is None:
+            return False
+        host, pid = self.processes[rank]
+        if host != MPI.Get_processor_name():
+            return False
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:  # already gone: MPI reports it anyway
+            pass
+        return True
 
     def new_stream_comm_now(self):
         """A new stream's communicator, made at once (the survivors remake theirs in stream order)."""

@@ -57,6 +57,15 @@ def test_survivors_train_on_with_identical_results(ulfm, mode, victim, point, co
     assert 3 in _same(reports, "sizes")
 
 
+def test_a_stopped_rank_is_declared_by_liveness_ended_and_survived(ulfm):
+    # Stopped (SIGSTOP), the process is alive to MPI: its successor declares it after the
+    # failure timeout (2 s here), ends it (same host) and MPI reports it to every survivor.
+    reports = _survivors("train_through_a_stop", "solo", "2", "round_launched", "4", victim=2)
+    assert _same(reports, "lost") == [2]
+    assert _same(reports, "survivors_whole") is True
+    _same(reports, "digest")
+
+
 def test_a_helper_collective_in_flight_fails_alike_then_runs_on_the_new_world(ulfm):
     reports = _survivors("helper_fails_alike", "1", victim=1)
     assert _same(reports, "outcome") == "HorovodInternalError"

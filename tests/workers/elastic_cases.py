@@ -9,13 +9,16 @@ with ``op=Sum``; each survivor reports what the test checks across survivors:
 its own posts each summed exactly once, the dead rank's each at most once,
 the digest of every result in round order, the world it ends in.
 
-Survivors shut hvd_partial down (collective: none leaves while another still
-needs it), report, then end with ``os._exit`` (Open MPI 5.0's MPI_Finalize
-after a failure now and then waits forever).
+Survivors read what they report before any of them shuts down (shutdown is
+collective, so none has left by then), report, shut down, then end with
+``os._exit`` (Open MPI 5.0's MPI_Finalize after a failure now and then waits
+forever; and its launcher counts a rank that exits without it as dead, so the
+job may be ended once half have: the reports are written by then).
 """
 
 import hashlib
 import os
+import signal
 import sys
 
 import numpy as np
@@ -28,13 +31,22 @@ from hvd_partial import faults
 STEPS = 16
 
 
-@case
-def train_through_a_kill(_token, mode, victim, point, count):
+def _stop_self():
+    """Stop this process (SIGSTOP): alive to MPI, silent to its peers."""
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+@case(names=("train_through_a_kill", "train_through_a_stop"))
+def train_through(how, _token, mode, victim, point, count):
+    """``train_through_a_kill``: the victim exits; ``..._a_stop``: it stops, and its
+    ring successor's liveness declares it and ends it (the rank's failure timeout is short)."""
     victim, count = int(victim), int(count)
-    hvd.init(elastic=True, mode=mode)
+    stops = how == "train_through_a_stop"
+    hvd.init(elastic=True, mode=mode, **({"heartbeat_seconds": 0.2, "failure_timeout_seconds": 2.0} if stops else {}))
     me, size = hvd.rank(), hvd.size()
     if me == victim:
-        faults.at(point, lambda n: n >= count and os._exit(1))
+        end = _stop_self if stops else (lambda: os._exit(1))
+        faults.at(point, lambda n: n >= count and end())
     length = size * STEPS
     results = []
     for t in range(STEPS):
@@ -50,16 +62,22 @@ def train_through_a_kill(_token, mode, victim, point, count):
     dead = total[victim * STEPS:(victim + 1) * STEPS]
     assert [r.round for r in results] == list(range(len(results))), "rounds out of order"
     sizes = sorted({r.world_size for r in results})
-    lost, size, version = list(world.lost), hvd.size(), world.version
-    hvd.shutdown()  # collective: no survivor leaves while another still needs it
     phase("reporting")
-    report({"lost": lost, "size": size, "version": version, "sizes": sizes,
+    report({"lost": list(world.lost), "size": hvd.size(), "version": world.version, "sizes": sizes,
             "rounds": len(results), "dead_summed": int(dead.sum()),
             "survivors_whole": bool(all((total[m * STEPS:(m + 1) * STEPS] == 1).all() for m in world.members)),
             "digest": hashlib.sha1(b"".join(r.array.tobytes() for r in results)).hexdigest()})
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    _leave()
+
+
+def _leave():
+    """Shut down (collective: no survivor leaves while another still needs it), then exit at once."""
+    try:
+        hvd.shutdown()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 @case
@@ -85,8 +103,7 @@ def helper_fails_alike(_token, victim):
     hvd.acknowledge_world_change()
     after = hvd.allreduce(np.ones(4), name="after", op=hvd.Sum)
     report({"outcome": outcome, "after": after.tolist(), "size": hvd.size()})
-    sys.stdout.flush()
-    os._exit(0)
+    _leave()
 
 
 if __name__ == "__main__":
