@@ -35,7 +35,7 @@ from transport.test_ulfm_mpi import _no_ulfm_launcher  # noqa: E402
 pytestmark = pytest.mark.mpi
 
 #: The workaround of tests/torch/test_torch_elastic_kill_mpi.py (the observer is not rebased after a recovery).
-WORKAROUND = ("--no-stall-check",)
+WORKAROUND = ("--no-stall-check", "--report-seconds", "0")
 
 
 def test_keras_fit_survives_a_kill():
