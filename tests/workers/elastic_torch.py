@@ -20,9 +20,11 @@ resets it saw and, per epoch, the dataset indices it trained on.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import signal
 import sys
+import time
 
 import torch
 from support import phase, report
@@ -30,6 +32,7 @@ from torch_common import fingerprint, state_fingerprint
 
 import hvd_partial
 import hvd_partial.torch as hvd
+from hvd_partial import faults
 
 SAMPLES = 96
 BATCH = 4
@@ -68,8 +71,31 @@ def case_sync() -> dict:
             "mine": mine, "processed": sorted(sampler.processed_indices), "shard": list(sampler)}
 
 
-def case_train(mode: str, kill_rank: int | None, kill_at_commit: int | None) -> dict:
+class _LoggedState(hvd.elastic.TorchState):
+    """A TorchState that also keeps this rank's log of trained samples (not
+    synced: every rank's own) with the commits: a restore drops the samples
+    trained since the last save, as it drops the model's progress since."""
+
+    def __init__(self, *args, log: dict, **kwargs):
+        object.__setattr__(self, "_log", log)
+        object.__setattr__(self, "_log_saved", {})
+        super().__init__(*args, **kwargs)
+
+    def save(self) -> None:
+        super().save()
+        object.__setattr__(self, "_log_saved", copy.deepcopy(self._log))
+
+    def restore(self) -> None:
+        super().restore()
+        self._log.clear()
+        self._log.update(copy.deepcopy(self._log_saved))
+
+
+def case_train(mode: str, kill_rank: int | None, kill_at_commit: int | None, kill_point: str | None,
+               kill_count: int | None) -> dict:
     original_rank = hvd.rank()
+    if kill_rank == original_rank and kill_point:  # dies inside hvd_partial's code, at the count-th time there
+        faults.at(kill_point, lambda n: n >= kill_count and os._exit(1))
     dataset = _dataset()
     sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=1)
     loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, sampler=sampler)
@@ -81,13 +107,16 @@ def case_train(mode: str, kill_rank: int | None, kill_at_commit: int | None) -> 
     resets = []
 
     def on_reset():
-        resets.append({"size": hvd.size(), "version": hvd_partial.world().version})
+        resets.append({"size": hvd.size(), "version": hvd_partial.world().version, "lr_before":
+                       optimizer.param_groups[0]["lr"]})
         for group in optimizer.param_groups:
             group["lr"] = BASE_LR * hvd.size()
 
-    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0, commits=0)
+    trained = {}  # epoch -> indices trained here and kept (a restore drops the ones since the last commit)
+    attempted = {}  # epoch -> every index trained here, rolled back or not
+    state = _LoggedState(model, optimizer, sampler=sampler, epoch=0, batch=0, commits=0, log=trained)
     state.register_reset_callbacks([on_reset])
-    trained = {}
+    started = time.monotonic()
 
     @hvd.elastic.run
     def train(state):
@@ -95,7 +124,9 @@ def case_train(mode: str, kill_rank: int | None, kill_at_commit: int | None) -> 
             phase(f"epoch {state.epoch} batch {state.batch}")
             model.train()
             for batch_idx, (x, y) in enumerate(loader):
-                trained.setdefault(state.epoch, []).extend(sampler.get_indices(batch_idx, BATCH))
+                indices = sampler.get_indices(batch_idx, BATCH)
+                trained.setdefault(state.epoch, []).extend(indices)
+                attempted.setdefault(state.epoch, []).extend(indices)
                 optimizer.zero_grad()
                 torch.nn.functional.cross_entropy(model(x), y).backward()
                 optimizer.step()
@@ -115,10 +146,13 @@ def case_train(mode: str, kill_rank: int | None, kill_at_commit: int | None) -> 
 
     train(state)
     optimizer.flush()
+    elapsed = time.monotonic() - started
     world = hvd_partial.world()
     return {"fingerprint": fingerprint(model, optimizer), "world": {"version": world.version, "size": world.size,
-            "lost": list(world.lost), "original_rank": world.original_rank},
-            "resets": resets, "trained": {str(e): v for e, v in trained.items()}, "commits": state.commits}
+            "lost": list(world.lost), "original_rank": world.original_rank}, "size": hvd.size(),
+            "resets": resets, "trained": {str(e): v for e, v in trained.items()},
+            "attempted": {str(e): v for e, v in attempted.items()}, "commits": state.commits,
+            "lr": optimizer.param_groups[0]["lr"], "seconds": elapsed}
 
 
 def main() -> None:
@@ -127,9 +161,13 @@ def main() -> None:
     parser.add_argument("--mode", default="solo", choices=["solo", "sync"])
     parser.add_argument("--kill-rank", type=int)
     parser.add_argument("--kill-at-commit", type=int)
+    parser.add_argument("--kill-point", help="a point of hvd_partial.faults: the kill rank dies there (os._exit)")
+    parser.add_argument("--kill-count", type=int, default=1, help="... the count-th time it reaches it")
+    parser.add_argument("--token", help="ignored: a word on the command line that finds processes left behind")
     args = parser.parse_args()
     hvd.init()
-    out = case_sync() if args.case == "sync" else case_train(args.mode, args.kill_rank, args.kill_at_commit)
+    out = case_sync() if args.case == "sync" else case_train(args.mode, args.kill_rank, args.kill_at_commit,
+                                                                           args.kill_point, args.kill_count)
     report(out)
     hvd.shutdown()
 
