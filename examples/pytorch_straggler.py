@@ -19,6 +19,12 @@ hold identical parameters and evaluate.
     mpiexec -n 4 python examples/pytorch_straggler.py --mode solo
     mpiexec -n 4 python examples/pytorch_straggler.py --mode sync
     mpiexec -n 4 python examples/pytorch_straggler.py --mode solo --straggler persistent --epoch-by rounds
+
+With ``--kill-rank R`` rank R dies abruptly (``os._exit``) in the middle of epoch
+``--kill-epoch``, and the others finish the training without it: launch that one
+with Open MPI's fault tolerance (docs/elastic.md)::
+
+    hvd-partial-run --elastic -np 4 python examples/pytorch_straggler.py --kill-rank 1
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import math
+import os
 import random
 import sys
 import time
@@ -35,6 +42,7 @@ import torch
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
+import hvd_partial
 import hvd_partial.torch as hvd
 
 
@@ -51,7 +59,20 @@ def parse_args(argv=None):
     p.add_argument("--max-staleness", type=int, default=None, help="rounds (default: HVD_PARTIAL_MAX_STALENESS or 8)")
     p.add_argument("--quorum", type=int, default=None, help="majority: ranks with fresh data a round waits for")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kill-rank", type=int, default=None,
+                   help="this rank dies mid-run (launch with hvd-partial-run --elastic; docs/elastic.md)")
+    p.add_argument("--kill-epoch", type=int, default=3, help="the epoch in whose middle --kill-rank dies")
     return p.parse_args(argv)
+
+
+def on_every_survivor(call):
+    """Run a helper collective; after a rank died every survivor fails the same call with
+    HorovodInternalError: acknowledge the new world and run it again there."""
+    try:
+        return call()
+    except hvd_partial.HorovodInternalError:
+        hvd_partial.acknowledge_world_change()
+        return call()
 
 
 def load_data(seed: int):
@@ -99,9 +120,9 @@ def fingerprint(model, optimizer) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)  # several ranks share each core
-    hvd.init()
+    hvd.init(**({"elastic": True} if args.kill_rank is not None else {}))
     rank, size = hvd.rank(), hvd.size()
-    say = print if rank == 0 else (lambda *a, **k: None)
+    say = lambda *a, **k: print(*a, **k) if hvd.rank() == 0 else None  # noqa: E731 - rank 0 of the world now
 
     x_train, y_train, x_test, y_test = load_data(args.seed)
     model = make_model(args.seed)
@@ -128,6 +149,7 @@ def main(argv=None) -> int:
 
     train_seconds = 0.0
     reached = None
+    reported_version = 0  # the world changes reported so far
     for epoch in range(1, args.epochs + 1):
         started = time.perf_counter()
         first_round = opt.rounds
@@ -140,6 +162,9 @@ def main(argv=None) -> int:
                 time.sleep(args.delay)
             elif args.straggler == "persistent" and rank == size - 1:
                 time.sleep(args.delay)
+            if epoch == args.kill_epoch and rank == args.kill_rank and steps == rounds_per_epoch // 2:
+                print(f"rank {rank}: dying now (os._exit), in epoch {epoch}", flush=True)
+                os._exit(1)
             xb, yb = shard.next()
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(xb), yb)
@@ -153,8 +178,13 @@ def main(argv=None) -> int:
         train_seconds += elapsed
         with torch.no_grad():
             accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
-        all_steps = hvd.allgather_object(steps)
-        mean_loss = hvd.allreduce(torch.tensor([loss_sum / max(steps, 1)], dtype=torch.float64)).item()
+        all_steps = on_every_survivor(lambda: hvd.allgather_object(steps))
+        mean_loss = on_every_survivor(
+            lambda: hvd.allreduce(torch.tensor([loss_sum / max(steps, 1)], dtype=torch.float64))).item()
+        world = hvd_partial.world()
+        if world.version != reported_version:
+            reported_version = world.version
+            say(f"ranks {list(world.lost)} (numbered as at start) died; training on with {hvd.size()} ranks")
         if reached is None and accuracy >= 0.95:
             reached = train_seconds
         rounds = opt.rounds - first_round
@@ -165,15 +195,16 @@ def main(argv=None) -> int:
     report = opt.stats()
     say(f"\ntraining time {train_seconds:.2f} s; test accuracy {100 * accuracy:.1f}%; "
         f"95% reached after {'%.2f s' % reached if reached is not None else 'never'}")
-    say(f"participation over {report['rounds']} rounds (stream {opt.name!r}):")
+    say(f"participation over {report['rounds']} rounds (stream {opt.name!r}"
+        + (", since the last rank died" if hvd_partial.world().lost else "") + "):")
     say("  rank  fresh  stale  initiated")
-    for j in range(size):
+    for j in range(hvd.size()):
         say(f"  {j:4d}  {report['fresh'][j]:5d}  {report['stale'][j]:5d}  {report['initiated'][j]:9d}")
     say(f"  max staleness seen {report['max_staleness_seen']} rounds; post wait mean "
         f"{1e3 * report['wait_mean_s']:.1f} ms, p95 {1e3 * report['wait_p95_s']:.1f} ms (rank 0)")
-    prints = hvd.allgather_object(fingerprint(model, opt))
+    prints = on_every_survivor(lambda: hvd.allgather_object(fingerprint(model, opt)))
     identical = len(set(prints)) == 1
-    say(f"replicas identical on all {size} ranks (parameters and optimizer state): "
+    say(f"replicas identical on all {hvd.size()} ranks (parameters and optimizer state): "
         f"{'yes' if identical else 'NO'} (sha256 {prints[0][:16]})")
     hvd.shutdown()
     return 0 if identical else 1

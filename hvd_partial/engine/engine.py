@@ -303,6 +303,8 @@ class Engine:
         self._intake.poke = self._pacing.poke
         self.stats = StatsRecorder(self.size)
         self._host.rebase(self.stats)
+        if self.observer is not None:
+            self.observer.rebase(self.rank, self.size)
 
     def _step(self) -> bool:
         worked = False
@@ -370,6 +372,8 @@ class Engine:
     def _helper(self, cmd: HelperCommand) -> None:
         self._begin_call(cmd, None)
         if self.world.version != self.acknowledged_version and cmd.request.kind != LOCAL:
+            if cmd.request.release is not None:  # the name is free again (a reset calls it once more)
+                cmd.request.release()
             self._refuse_call(cmd.handle, HorovodInternalError(
                 f"rank {self.rank}: the world changed (version {self.world.version}, ranks {list(self.world.lost)} "
                 "lost, numbered as at init); helper collectives fail until this rank calls "

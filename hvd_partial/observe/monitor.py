@@ -224,6 +224,21 @@ class Observer:
                 log.info("hvd_partial slow-rank report after %.1f s:\n%s", now - self._started,
                          self.report_text(now))
 
+    def rebase(self, rank: int, size: int) -> None:
+        """The world shrank (elastic training): this rank is ``rank`` of ``size``; the
+        statuses' tree is the new world's and what was known of peers is forgotten."""
+        with self._lock:
+            self.rank, self.size = rank, size
+            self._parent = binomial_parent(rank)
+            self._children = binomial_children(rank, 0, size)
+            self._subtree = binomial_subtree(rank, size)
+            self._up_gap = (self._interval or 0.0) / max(1, max_hops(size))
+            self._peers.clear()
+            self._demand_since.clear()
+            self._warned_at.clear()
+            self.stalled = {}
+            self._news_from_below = False
+
     def close(self) -> None:
         if self._closed:
             return

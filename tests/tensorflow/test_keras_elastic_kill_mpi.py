@@ -34,9 +34,6 @@ from transport.test_ulfm_mpi import _no_ulfm_launcher  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
-#: The workaround of tests/torch/test_torch_elastic_kill_mpi.py (the observer is not rebased after a recovery).
-WORKAROUND = ("--no-stall-check", "--report-seconds", "0")
-
 
 def test_keras_fit_survives_a_kill():
     reason = _no_ulfm_launcher()
@@ -44,7 +41,7 @@ def test_keras_fit_survives_a_kill():
         pytest.skip(reason)
     word = token()
     out_dir = tempfile.mkdtemp(prefix=f"{word}-")
-    cmd = [sys.executable, "-m", "hvd_partial.launch.cli", "--elastic", *WORKAROUND, "-np", "4", sys.executable,
+    cmd = [sys.executable, "-m", "hvd_partial.launch.cli", "--elastic", "-np", "4", sys.executable,
            str(ROOT / "examples" / "elastic" / "keras_elastic.py"), "--epochs", "3", "--steps-per-epoch", "12",
            "--kill-rank", "1", "--kill-at-batch", "7", "--report", out_dir]
     env = dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}", PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="3")

@@ -47,13 +47,6 @@ pytestmark = pytest.mark.mpi
 
 SAMPLES, EPOCHS, NPROCS = 96, 2, 4
 
-#: A workaround, to drop once the engine is fixed: after a recovery the observer (stall inspector,
-#: hvd_partial/observe/monitor.py) still sends its status bundles along the old world's tree, so a
-#: survivor whose old tree had a child beyond the new size crashes its engine with MPI_ERR_RANK
-#: (``engine of rank 1 crashed: MPI.Exception(6)``) when the next status period comes after the
-#: recovery. With the stall inspector and the report off (and no timeline) there is no observer.
-WORKAROUND = ("--no-stall-check", "--report-seconds", "0")
-
 
 @pytest.fixture
 def ulfm():
@@ -69,7 +62,7 @@ def launch_elastic(script: Path, *args, nprocs=NPROCS, timeout=180, env=None):
     output, rank -> report)."""
     word = token()
     out_dir = tempfile.mkdtemp(prefix=f"{word}-")
-    cmd = [sys.executable, "-m", "hvd_partial.launch.cli", "--elastic", *WORKAROUND, "-np", str(nprocs),
+    cmd = [sys.executable, "-m", "hvd_partial.launch.cli", "--elastic", "-np", str(nprocs),
            sys.executable, str(script), *(str(a).replace("{out}", out_dir) for a in args)]
     full_env = dict(os.environ, HVD_TEST_OUT=out_dir, PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}", PYTHONUNBUFFERED="1",
                     **(env or {}))
