@@ -244,6 +244,8 @@ class DecentralControl:
         to act on (:meth:`Agreements.act_on`) before the streams are rebased."""
         self.rank, self.size = rank, size
         self._quorum_counters = quorum_counters
+        for machine in self.streams.values():  # until rebase_stream, rounds handed over decide nothing
+            machine.rebasing = True
         send = self._send
         self.agreements, missed = self.agreements.rebased(rank, size, send, lambda decision: send(rank, decision),
                                                           heard, next_id)

@@ -6,8 +6,9 @@ between exchanges of what each holds (docs/elastic.md):
 1. :func:`recovery_report`, gathered from every survivor;
 2. :func:`adopt_world`: the rank's new place, and the agreements' outcomes it missed;
 3. per stream, the rounds some survivor completed are completed here with
-   its result (``Driver.complete``), then :func:`rebase_stream` and, for solo
-   and majority streams, :func:`catch_up`;
+   its result (``Driver.complete``), then :func:`rebase_stream`,
+   :func:`reindex_in_flight` (the rounds still in flight are redone) and, for
+   solo and majority streams, :func:`catch_up`;
 4. ``Driver.begin_again``: this rank's own agreement reports that nothing answered.
 
 Example::
@@ -73,6 +74,9 @@ def adopt_world(driver: Driver, rank: int, size: int, reports: list[dict], quoru
         heard.update(report["heard"])
     next_id = 1 + max((sid for report in reports for sid in report["registered"]), default=-1)
     driver.rank, driver.size = rank, size
+    for stream in driver.streams.values():
+        if stream.id is None:  # still registering: its rounds run on the new world (none ran on the old)
+            stream.rank, stream.world_size = rank, size
     control = driver.control
     for key, message in control.rebase(rank, size, heard, next_id, quorum_counters):
         control.agreements.act_on(key, message)
@@ -85,6 +89,16 @@ def rebase_stream(driver: Driver, stream: RankStream, columns, started: int, quo
     world. ``columns``: the old ranks that survive, in their new order."""
     stream.rebase(driver.rank, driver.size, columns, world_version)
     driver.control.rebase_stream(stream, started, quorum_index)
+
+
+def reindex_in_flight(launches, columns, size: int) -> None:
+    """The facts of this rank's rounds of a stream still in flight (to be redone on
+    the new world of ``size`` ranks) keep only the columns of the survivors, in their
+    new order (``columns``, from :func:`columns_between`). A launch whose facts
+    already have ``size`` columns was joined on the new world and is left as it is."""
+    for launch in launches:
+        if launch.with_facts and launch.send[-1].shape[1] != size:
+            launch.send[-1] = launch.send[-1][:, columns]
 
 
 def catch_up(driver: Driver, stream: RankStream, started: int) -> None:

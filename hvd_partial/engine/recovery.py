@@ -34,7 +34,8 @@ import time
 from dataclasses import dataclass
 
 from ..core.driver import Driver
-from ..core.rebase import adopt_world, catch_up, columns_between, plan_streams, rebase_stream, recovery_report
+from ..core.rebase import (adopt_world, catch_up, columns_between, plan_streams, rebase_stream, recovery_report,
+                           reindex_in_flight)
 from ..core.world import World
 from ..errors import RecoveryError
 from .. import faults
@@ -116,9 +117,7 @@ def _resolve(transport, driver: Driver, reductions: Reductions, world: World, wo
         uses_quorum = driver.control.uses_quorum(sid)
         rebase_stream(driver, stream, columns, plan.started, quorum_index if uses_quorum else None, world.version)
         quorum_index += 1 if uses_quorum else 0
-        for launch in reductions.in_flight_launches(sid):
-            if launch.with_facts and launch.send[-1].shape[1] != world.size:  # re-indexed: the dead ranks' columns go
-                launch.send[-1] = launch.send[-1][:, columns]
+        reindex_in_flight(reductions.in_flight_launches(sid), columns, world.size)  # the dead ranks' columns go
         reductions.restart(sid)
         if not stream.sync:
             catch_up(driver, stream, plan.started)

@@ -33,6 +33,8 @@ from ..core.driver import Driver
 from ..core.fusion import Layout
 from ..core.messages import StreamSignature
 from ..core.post_request import PostRequest
+from ..core.rebase import (adopt_world, catch_up, columns_between, plan_streams, rebase_stream, recovery_report,
+                           reindex_in_flight)
 from ..core.rank_stream import Launch, RankStream, Waiter
 from ..core.round_result import RoundResult
 from ..errors import RankFailedError
@@ -50,6 +52,7 @@ class LoopbackRank:
     def __init__(self, world: "LoopbackWorld", rank: int):
         self.world = world
         self.rank = rank
+        self.original = rank  # its rank at init (``rank`` changes when the world shrinks)
         self.driver = Driver(rank, world.world_size, self, world.defer_activations,
                              world.quorum_counters.for_rank(rank), world.control)
         self.launches = world.make_queue("launches", rank, rank)  # (stream, launch) joined, not completed here
@@ -83,7 +86,9 @@ class LoopbackRank:
         world.channel(self.rank, dest, 1 if own else 0).append(message)
 
     def stream_registered(self, stream: RankStream) -> None:
-        pass
+        if self.world.elastic:  # as the engine's host: completed rounds are kept for the survivors of a failure
+            stream.keep_rounds()
+            stream.world_version = self.world.version
 
     def defer_activation(self, stream_id: int, round_number: int) -> None:
         # The activation delay ends at some later event: a message to itself, delivered like any other.
@@ -121,11 +126,21 @@ class LoopbackWorld:
     started in balanced training hold their flood back until a later event
     (the engine's activation delay), and majority's other ranks join early.
     ``control_plane``: ``"decentral"`` (the product's) or ``"central"`` (the
-    reference coordinator of :mod:`hvd_partial.sim.coordinator`)."""
+    reference coordinator of :mod:`hvd_partial.sim.coordinator`).
+    ``elastic``: ranks keep their completed rounds, and :meth:`kill` has the
+    survivors go on in a smaller world (the engine's recovery)."""
 
     def __init__(self, world_size: int, mode: Mode, op: ReduceOp, max_staleness: int, layout: Layout,
-                 keep_results=None, control_plane: str = "decentral", defer_activations: bool = False):
+                 keep_results=None, control_plane: str = "decentral", defer_activations: bool = False,
+                 elastic: bool = False):
         self.world_size = world_size
+        self.elastic = elastic
+        self.version = 0  # the world's version: one more at each shrink
+        self.members = tuple(range(world_size))  # the ranks at init that make up the world, in rank order
+        self.worlds = {0: self.members}  # version -> members, every world since init
+        self.departed: list[LoopbackRank] = []  # ranks killed (elastic), out of ``ranks``
+        self.shrinks: list[dict] = []  # what each kill did (see kill)
+        self.on_join = None  # on_join(rank, stream, launch), if set: a rank joined a reduction
         if control_plane not in CONTROL_PLANES:
             raise ValueError(f"control_plane must be one of {tuple(CONTROL_PLANES)}, got {control_plane!r}")
         self.control_plane = control_plane
@@ -311,6 +326,114 @@ class LoopbackWorld:
     def join(self, j: int, stream: RankStream, launch: Launch):
         """Rank j joined a reduction: its send buffers are copied now, as MPI reads them."""
         self.parts.setdefault((stream.name, launch.round), {})[j] = [np.array(b, copy=True) for b in launch.send]
+        if self.on_join is not None:
+            self.on_join(self.ranks[j], stream, launch)
+
+    # -- elastic training: a rank dies and the survivors go on (engine/recovery.py) ----------
+
+    def kill(self, *failed: int) -> dict:
+        """Ranks ``failed`` (of the world now) die, at once, and every survivor
+        runs the engine's recovery (:func:`hvd_partial.engine.recovery.recover`)
+        with the same core steps (:mod:`hvd_partial.core.rebase`), the world
+        standing in for MPI: the reports' gather is a list, a holder's
+        broadcast of a kept round a copy, and a round redone on the new world
+        sums the survivors' contributions only. Every control message in
+        flight is lost (the revoke); a rank's decisions to itself stay (the
+        engine's dispatch keeps them). Needs ``elastic``. Returns (and appends
+        to :attr:`shrinks`) what the recovery did: ``failed`` (ranks at init),
+        ``members``, ``version``, ``plans`` (stream name -> StreamPlan) and
+        ``completed`` (stream name -> rounds every survivor completed after it)."""
+        if not self.elastic:
+            raise ValueError("kill needs an elastic world; fail() is a failure without elastic training")
+        failed = set(failed)
+        if not failed or not failed < set(range(self.world_size)):
+            raise ValueError(f"kill {sorted(failed)} of {self.world_size} ranks: at least one must survive")
+        old = self.ranks
+        lost = []
+        for j in sorted(failed):  # the dead: they do nothing more
+            rank = old[j]
+            self._stop(j, RankFailedError(j, "killed"))
+            self.departed.append(rank)
+            lost.append(rank.original)
+        survivors = [rank for j, rank in enumerate(old) if j not in failed]
+        # 1. (a round whose reduction finished here was completed by its own event: the schedule decides)
+        # 2. revoke and shrink: control messages in flight are lost, decisions to itself stay
+        own = {rank: self.inbound[rank.rank].get((rank.rank, 0)) for rank in survivors}
+        self.ranks = survivors
+        self.world_size = size = len(survivors)
+        self.dead = [False] * size
+        self.inbound = [{} for _ in range(size)]
+        for new, rank in enumerate(survivors):
+            rank.rank = new
+        for rank, queue in own.items():
+            if queue:
+                self.channel(rank.rank, rank.rank).extend(queue)
+        self.version += 1
+        self.members = members = tuple(rank.original for rank in survivors)
+        self.worlds[self.version] = members
+        self.quorum_counters = SharedQuorumCounters()  # the quorum window, made again
+        for table in (self.parts, self._sums, self._taken_sums):  # the old world's reductions are over
+            table.clear()
+        # 3. what each survivor holds; the agreements' outcomes it missed; its own decisions
+        reports = [recovery_report(rank.driver) for rank in survivors]
+        for rank in survivors:
+            adopt_world(rank.driver, rank.rank, size, reports, self.quorum_counters.for_rank(rank.rank))
+        for rank in survivors:
+            self._deliver_own(rank)
+        # 4. per stream, rounds handed over and rounds redone; 5. rebased
+        plans = plan_streams([{sid: (s.completed, s.started) for sid, s in rank.driver.by_id.items()}
+                              for rank in survivors])
+        quorum_index = 0
+        named = {}
+        for sid, plan in plans.items():
+            name = survivors[0].driver.by_id[sid].name
+            named[name] = plan
+            holder = survivors[plan.holder].driver.by_id[sid]
+            for r in plan.handed:
+                data = holder.kept_round(r)  # (the holder's broadcast)
+                for rank in survivors:
+                    stream = rank.driver.by_id[sid]
+                    if stream.completed <= r:
+                        rank.driver.complete(stream, self._pop_round(rank, sid, r),
+                                             None if data is None else [b.copy() for b in data])
+            uses_quorum = survivors[0].driver.control.uses_quorum(sid)
+            for rank in survivors:
+                driver, stream = rank.driver, rank.driver.by_id[sid]
+                columns = columns_between(self.worlds[stream.world_version], members)
+                rebase_stream(driver, stream, columns, plan.started, quorum_index if uses_quorum else None,
+                              self.version)
+                in_flight = [launch for s, launch in rank.launches if s is stream]
+                reindex_in_flight(in_flight, columns, size)
+                for launch in in_flight:  # redone on the new world
+                    if launch.send is not None:
+                        self.parts.setdefault((name, launch.round), {})[rank.rank] = [
+                            np.array(b, copy=True) for b in launch.send]
+                if not stream.sync:
+                    catch_up(driver, stream, plan.started)
+            quorum_index += uses_quorum
+        for rank in survivors:
+            rank.driver.begin_again()
+        done = {"failed": tuple(lost), "members": members, "version": self.version, "plans": named,
+                "completed": {name: survivors[0].driver.streams[name].completed for name in named}}
+        self.shrinks.append(done)
+        return done
+
+    def _deliver_own(self, rank: "LoopbackRank") -> None:
+        """Hand rank's driver the decisions it sent itself (the engine's ``Dispatch.deliver_own``)."""
+        queue = self.inbound[rank.rank].get((rank.rank, 0))
+        while queue:
+            rank.driver.on_message(rank.rank, queue.popleft())
+
+    @staticmethod
+    def _pop_round(rank: "LoopbackRank", sid: int, round_number: int) -> Launch:
+        """Take rank's oldest launch of stream ``sid`` off, unreduced (a survivor hands its result)."""
+        for i, (stream, launch) in enumerate(rank.launches):
+            if stream.id == sid:
+                if launch.round != round_number:
+                    raise AssertionError(f"stream {sid}: round {launch.round} in flight, expected {round_number}")
+                del rank.launches[i]
+                return launch
+        raise AssertionError(f"stream {sid}: round {round_number} is not in flight on rank {rank.rank}")
 
     def _reduce(self, name: str, launch: Launch) -> list:
         key = (name, launch.round)

@@ -142,6 +142,11 @@ class HeldRound:
         stale_done = stale is not None and stale.is_root and stale.reported
         if self.flush is not None and self.flush.is_root and self.flush.reported:
             return True  # every rank is flushing: this is the flush round
+        if not len(view.training) and not view.registration:
+            # Every rank flushes or left, so the round is a flush round that any flushing rank may
+            # start: only after a shrink (the ranks that trained in the last round died), as a flush
+            # gather has no ranks then.
+            return local.flushing
         d = self.designated
         if d is None:  # solo
             if stale is None and not len(view.blockers):

@@ -85,6 +85,9 @@ class DecentralStream:
         self.held: HeldRound | None = None
         self.early: dict[int, list] = {}  # round -> messages for it that came before its view
         self.last_joined = -1
+        # The world shrank and this machine is not rebased yet (elastic training): rounds handed
+        # over complete here meanwhile, on the old world's numbering, and it decides nothing.
+        self.rebasing = False
         self._only_me = np.array([rank])  # the steady state's majority gather, at its designated rank
         self._hold(self.view)
 
@@ -116,6 +119,7 @@ class DecentralStream:
         messages in flight were lost with the old communicator: gathers and
         notices begin again from the view."""
         parked, through = self.parking.parked, self.parking.through
+        self.rebasing = False
         self.rank, self.world_size = rank, world_size
         self._build_parts(counters)
         self.parking.parked, self.parking.through = parked, through
@@ -324,8 +328,8 @@ class DecentralStream:
             stale = held.stale if held is not None else None
             if stale is None or not stale.ready or stale.reported:  # (ready by a take: its gather goes on)
                 return []  # (most completions) every gather, notice and start below needs one of these
-        if self.failure is not None or held is None or held.view.round <= self.activation.latest:
-            return []  # failed, or the round started here already
+        if self.failure is not None or self.rebasing or held is None or held.view.round <= self.activation.latest:
+            return []  # failed, rebasing, or the round started here already
         if held.balanced:
             return self.floods.progress(held, self)
         view = held.view
