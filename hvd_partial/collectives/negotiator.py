@@ -60,6 +60,11 @@ _STALL_CHECK_SECONDS = 1.0
 _SLOT_BYTES = 512
 
 
+# Elastic training: how many of the latest executions' results a rank keeps (a survivor whose
+# execution failed gets the result from one where it completed; ranks are never further apart).
+_KEPT_EXECUTIONS = 64
+
+
 class _Entry:
     __slots__ = ("name", "kind", "sigs", "infos", "first_seen", "warned")
 
@@ -94,7 +99,7 @@ class Negotiator:
         self._cycle = 0  # cycles completed
         self._wanted = 0  # the highest cycle a peer asked this rank to join
         self._steps = None  # the cycle in flight: (generator, MPI request)
-        self._running: list = []  # data collectives in flight: (MPI requests, completion)
+        self._running: list = []  # data collectives in flight: (execution number, MPI requests, completion, request)
         self._active = False  # work is pending somewhere: the next cycle needs no wake-up
         self._quiet = 0
         self._next_cycle_at = 0.0
@@ -103,6 +108,9 @@ class Negotiator:
         self._next_stall_check = time.monotonic() + _STALL_CHECK_SECONDS
         self.cycles = 0  # statistics, for tests and benchmarks
         self.executed = 0
+        # Elastic training: the raw results of the latest executions completed here, by number,
+        # so that after a failure a survivor hands them to those whose execution failed.
+        self.kept: dict[int, object] | None = None
 
     # ===== the engine's seam ===================================================================
 
@@ -126,7 +134,7 @@ class Negotiator:
     def abandon(self, error: HvdPartialError) -> None:
         """The world changed under every helper collective in progress (elastic
         training): each fails with ``error``; this negotiator is done with."""
-        for request in [*self._new, *self._mine.values(), *(r for _, _, r in self._running if r is not None)]:
+        for request in [*self._new, *self._mine.values(), *(item[3] for item in self._running if item[3] is not None)]:
             self._finish_error(request, error)
         self._new.clear()
         self._mine.clear()
@@ -330,8 +338,8 @@ class Negotiator:
             if request is not None:
                 self._finish_error(request, err)
             return
+        self._running.append((self.executed, requests, complete, request))
         self.executed += 1
-        self._running.append((requests, complete, request))
         faults.point("helper_started")
 
     def _complete_collectives(self) -> bool:
@@ -339,23 +347,70 @@ class Negotiator:
             return False
         still, worked = [], False
         for item in self._running:
-            requests, complete, request = item
+            number, requests, complete, request = item
             if requests and not self._channel.done(requests):
                 still.append(item)
                 continue
             worked = True
-            if request is None:
-                continue  # a joined rank's share: nothing to hand back
-            try:
-                value = complete()
-                if request.finish is not None:
-                    value = request.finish(value)
-            except HvdPartialError as err:
-                self._finish_error(request, err)
-                continue
-            self._finish_value(request, value)
+            self._deliver(number, complete, request)
         self._running = still
         return worked
+
+    def _deliver(self, number: int, complete, request) -> None:
+        """Execution ``number`` completed here: hand its value to the caller, if any."""
+        try:
+            raw = complete()
+        except HvdPartialError as err:
+            if request is not None:
+                self._finish_error(request, err)
+            return
+        if self.kept is not None:
+            self.kept[number] = raw
+            for old in [n for n in self.kept if n < number - _KEPT_EXECUTIONS]:
+                del self.kept[old]
+        if request is None:
+            return  # a joined rank's share: nothing to hand back
+        try:
+            value = request.finish(raw) if request.finish is not None else raw
+        except HvdPartialError as err:
+            self._finish_error(request, err)
+            return
+        self._finish_value(request, value)
+
+    # ===== elastic training: the outcome of executions in flight at a failure ======================
+
+    def complete_finished(self, is_failure) -> None:
+        """Complete every execution whose collectives finished here before the failure."""
+        if self._channel is None:
+            return
+        still = []
+        for item in self._running:
+            try:
+                finished = not item[1] or self._channel.done(item[1])
+            except Exception as err:  # noqa: BLE001 - MPI's error types stay in the transport
+                if not is_failure(err):
+                    raise
+                finished = False
+            if finished:
+                self._deliver(item[0], item[2], item[3])
+            else:
+                still.append(item)
+        self._running = still
+
+    def recovery_report(self) -> tuple[list, list]:
+        """(executions completed here and kept, executions still in flight here)."""
+        return sorted(self.kept or ()), [item[0] for item in self._running]
+
+    def kept_result(self, number: int):
+        return self.kept[number]
+
+    def finish_from_peer(self, number: int, raw) -> None:
+        """Execution ``number``, in flight here, completed at another survivor with ``raw``."""
+        for item in self._running:
+            if item[0] == number:
+                self._running.remove(item)
+                self._deliver(number, lambda: raw, item[3])
+                return
 
     # ===== outcomes ==================================================================================
 

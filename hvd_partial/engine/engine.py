@@ -111,6 +111,8 @@ class Engine:
         # Negotiated helper collectives: submit(request), progress() each step, busy.
         self._helpers = Negotiator(transport, config, fail=lambda err: me.fail(err, notify=False, local=True),
                                    pending=self._calls)
+        if config.elastic:  # keep the latest results for survivors whose execution fails
+            self._helpers.kept = {}
         self._bell = transport.doorbell
         relays = True  # every rank relays the floods of its streams
         self._pacing = Pacing(config, self._bell, self.size, relays,
@@ -286,7 +288,8 @@ class Engine:
     def _recover(self) -> None:
         """Survive a dead peer (elastic training): docs/elastic.md, hvd_partial/engine/recovery.py."""
         me = weakref.proxy(self)
-        done = recover(self.transport, self._driver, self._reductions, self.world, self.worlds, self._dispatch)
+        done = recover(self.transport, self._driver, self._reductions, self._helpers, self.world, self.worlds,
+                       self._dispatch)
         self.recoveries.append(done)
         self.world = done.world
         self.rank, self.size = done.world.rank, done.world.size
@@ -295,6 +298,7 @@ class Engine:
         self._helpers.abandon(lost)
         self._helpers = Negotiator(self.transport, self.config,
                                    fail=lambda err: me.fail(err, notify=False, local=True), pending=self._calls)
+        self._helpers.kept = {}
         if self._leaving.handle is not None or self._driver.leaving:
             self._helpers.shutdown()
         self._liveness = Liveness(self.transport, self.rank, self.size, self.config)

@@ -5,8 +5,10 @@ The steps, each collective over the survivors (docs/elastic.md, "The
 contract across a failure"):
 
 1. complete every round whose reduction finished here before the failure;
-2. revoke every communicator, agree on the failed ranks and shrink the
-   control communicator to the survivors (:meth:`MpiTransport.shrink`), then
+2. revoke the control communicator (every engine polls it, so every
+   survivor comes to recover; the others are abandoned, never revoked: Open
+   MPI crashes a rank still creating a communicator that another revokes),
+   agree on the failed ranks and shrink the control communicator to the survivors (:meth:`MpiTransport.shrink`), then
    make the helper and factory communicators, the quorum window and the
    doorbell again on it;
 3. compare what each survivor holds (:func:`~hvd_partial.core.rebase.recovery_report`): each
@@ -21,9 +23,10 @@ contract across a failure"):
    of its last completed round, and this rank's own agreement reports that
    nothing answered begin again.
 
-Helper collectives in flight fail with :class:`HorovodInternalError` on
-every survivor (the engine refuses later ones until the rank acknowledges the
-change). A second failure during these steps starts them again on the
+A helper collective in flight completes with the result of a survivor where
+it completed (each rank keeps its latest results); one completed nowhere fails
+with :class:`HorovodInternalError` on every survivor, and the engine refuses
+later ones until the rank acknowledges the change. A second failure during these steps starts them again on the
 communicator in hand.
 """
 
@@ -58,28 +61,31 @@ class Recovered:
     attempts: int
 
 
-def recover(transport, driver: Driver, reductions: Reductions, world: World, worlds: dict[int, World],
+def recover(transport, driver: Driver, reductions: Reductions, helpers, world: World, worlds: dict[int, World],
             dispatch) -> Recovered:
     """Run the steps of this module's docstring on this survivor; returns the new world.
     ``worlds``: every world since init by version (a stream's facts are indexed by
     the ranks of the world its last round completed on); ``dispatch``: the engine's
-    :class:`~.dispatch.Dispatch`, which hands the driver the messages it sends itself."""
+    :class:`~.dispatch.Dispatch`, which hands the driver the messages it sends itself;
+    ``helpers``: the helper collectives' negotiator (the engine abandons what is left in it)."""
     began = time.perf_counter()
     is_failure = transport.is_process_failure
     reductions.complete_finished(is_failure)
+    helpers.complete_finished(is_failure)
     failed_total: set[int] = set()
     for attempt in range(1, _MAX_ATTEMPTS + 1):
         try:
-            transport.revoke_all(reductions.stream_comms())
+            transport.revoke_control()
             shrunk = transport.shrink()
-            faults.point("recovery_shrunk")
             members = tuple(m for r, m in enumerate(world.members) if r not in set(shrunk.failed))
             failed_total |= {world.members[r] for r in shrunk.failed}
-            transport.rebuild(shrunk.comm)
-            new_world = World(world.version + 1, transport.rank, transport.size, world.original_rank, members,
+            new_world = World(world.version + 1, shrunk.comm.Get_rank(), len(members), world.original_rank, members,
                               tuple(sorted(set(world.lost) | failed_total)))
-            worlds[new_world.version] = new_world
+            worlds[new_world.version] = new_world  # (before anything else can fail: a retry shrinks this world)
+            faults.point("recovery_shrunk")
+            transport.rebuild(shrunk.comm)
             _resolve(transport, driver, reductions, new_world, worlds, dispatch)
+            _hand_over_helpers(transport, helpers, new_world)
         except Exception as err:  # noqa: BLE001 - MPI's error types stay in the transport
             if not is_failure(err):
                 raise
@@ -94,6 +100,21 @@ def recover(transport, driver: Driver, reductions: Reductions, world: World, wor
         return Recovered(new_world, lost, seconds, attempt)
     raise RecoveryError(f"rank {world.original_rank} (as numbered at init): {_MAX_ATTEMPTS} failures in a row "
                         "during recovery; giving up")
+
+
+def _hand_over_helpers(transport, helpers, world: World) -> None:
+    """A helper collective completed at some survivor completes with its result at every
+    survivor where it was in flight; the rest fail (the engine abandons them)."""
+    reports = transport.gather_objects(helpers.recovery_report())
+    holders: dict[int, int] = {}
+    for rank, (kept, _) in enumerate(reports):
+        for number in kept:
+            holders.setdefault(number, rank)
+    for number in sorted({n for _, running in reports for n in running}):
+        holder = holders.get(number)
+        if holder is not None:
+            raw = transport.broadcast_object(helpers.kept_result(number) if world.rank == holder else None, holder)
+            helpers.finish_from_peer(number, raw)
 
 
 def _resolve(transport, driver: Driver, reductions: Reductions, world: World, worlds: dict[int, World],

@@ -39,9 +39,17 @@ class HelperChannel:
 
     @staticmethod
     def done(requests) -> bool:
-        if isinstance(requests, list):
-            return MPI.Request.Testall(requests)
-        return requests.Test()
+        """Whether ``requests`` completed; raises if one completed in error (a dead peer,
+        whose error Open MPI's nonblocking collectives may report only in the status)."""
+        if not isinstance(requests, list):
+            requests = [requests]
+        statuses = [MPI.Status() for _ in requests]
+        if not MPI.Request.Testall(requests, statuses):
+            return False
+        for status in statuses:
+            if status.Get_error() != MPI.SUCCESS:
+                raise MPI.Exception(status.Get_error())
+        return True
 
     # -- negotiation --------------------------------------------------------------
 

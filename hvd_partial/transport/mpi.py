@@ -254,15 +254,16 @@ class MpiTransport:
             return True
         return is_process_failure(exc)
 
-    def revoke_all(self, stream_comms) -> None:
-        """Revoke every communicator this rank holds, so that each survivor still
-        blocked on one of them (or about to be) hears of the failure."""
-        for comm in (self.control, self.helpers, self.factory, *stream_comms):
-            try:
-                if not comm.Is_revoked():
-                    comm.Revoke()
-            except MPI.Exception as err:
-                log.debug("revoking a communicator failed: %s", err)
+    def revoke_control(self) -> None:
+        """Revoke the control communicator, which every engine polls: each survivor
+        still working (or idle) hears of the failure. The other communicators are
+        abandoned, not revoked (Open MPI crashes a rank that is still creating a
+        communicator another rank revokes, and nothing waits on them after this)."""
+        try:
+            if not self.control.Is_revoked():
+                self.control.Revoke()
+        except MPI.Exception as err:
+            log.debug("revoking the control communicator failed: %s", err)
 
     def shrink(self):
         """Agree with every survivor on the failed ranks and shrink the control

@@ -68,5 +68,6 @@ def test_a_stopped_rank_is_declared_by_liveness_ended_and_survived(ulfm):
 
 def test_a_helper_collective_in_flight_fails_alike_then_runs_on_the_new_world(ulfm):
     reports = _survivors("helper_fails_alike", "1", victim=1)
-    assert _same(reports, "outcome") == "HorovodInternalError"
+    # Every survivor fails the same call: the one in flight if it completed nowhere, else the next.
+    assert _same(reports, "outcome") in ("metric: HorovodInternalError", "metric2: HorovodInternalError")
     assert _same(reports, "after") == [3.0] * 4
