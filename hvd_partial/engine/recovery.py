@@ -83,6 +83,8 @@ def recover(transport, driver: Driver, reductions: Reductions, helpers, world: W
                               tuple(sorted(set(world.lost) | failed_total)))
             worlds[new_world.version] = new_world  # (before anything else can fail: a retry shrinks this world)
             faults.point("recovery_shrunk")
+            if not reductions.duplicating:  # (a communicator still being made must not be revoked)
+                transport.revoke_abandoned(reductions.stream_comms())
             transport.rebuild(shrunk.comm)
             _resolve(transport, driver, reductions, new_world, worlds, dispatch)
             _hand_over_helpers(transport, helpers, new_world)

@@ -217,10 +217,12 @@ class Reductions:
                 self._complete(self._streams[sid], entry.launch, entry.recv)
 
     def stream_comms(self) -> list:
-        comms = list(self._comms.values())
-        if self._duplicating is not None:
-            comms.append(self._duplicating[1])
-        return comms
+        """The streams' communicators made so far (not one still being duplicated)."""
+        return list(self._comms.values())
+
+    @property
+    def duplicating(self) -> bool:
+        return self._duplicating is not None
 
     def pop_round(self, sid: int, round_number: int) -> Launch:
         """Take the oldest round of stream ``sid`` off, unreduced: a survivor that completed it

@@ -20,6 +20,9 @@ exits as its child did (the same code, or the same signal).
 The launcher reads the files (:func:`collect`, :func:`verdict`). A rank is
 
 - *finished*: exit status 0;
+- a rank with no record but the marker ended its program and was then killed
+  while MPI finalized (Open MPI after a failure, now and then): it counts as
+  finished, its exit status unknown;
 - *failed*: it ended with a non-zero status (an exception, ``sys.exit(1)``):
   the job fails;
 - *lost*: anything else (killed by a signal, ``os._exit`` with a non-zero
@@ -164,7 +167,10 @@ def collect(directory: str, nprocs: int) -> dict[int, dict | None]:
             with open(status_path(closed, rank)) as fh:
                 out[rank] = json.load(fh)
         except (OSError, ValueError):
-            out[rank] = None
+            # No record, but the program ended (its marker is there): it was killed while MPI
+            # finalized, which Open MPI does after a failure now and then (its status is unknown).
+            ended = os.path.exists(os.path.join(closed, f"rank.{rank}.ended"))
+            out[rank] = {"rank": rank, "returncode": 0, "ended": True, "in_finalize": True} if ended else None
     shutil.rmtree(closed, ignore_errors=True)
     return out
 
@@ -179,6 +185,8 @@ def describe(record: dict | None) -> str:
             return f"killed by {signal.Signals(-code).name}"
         except ValueError:
             return f"killed by signal {-code}"
+    if record.get("in_finalize"):
+        return "ended, then killed while MPI finalized"
     if code == 0:
         return "exit 0"
     return f"exit {code}" + ("" if record.get("ended") else " mid-run")

@@ -265,6 +265,17 @@ class MpiTransport:
         except MPI.Exception as err:
             log.debug("revoking the control communicator failed: %s", err)
 
+    def revoke_abandoned(self, comms) -> None:
+        """After the shrink (every survivor is recovering): revoke the old helper and
+        factory communicators and ``comms``, so that requests still pending on them
+        complete (in error) and MPI_Finalize does not wait for them."""
+        for comm in (self.helpers, self.factory, *comms):
+            try:
+                if not comm.Is_revoked():
+                    comm.Revoke()
+            except MPI.Exception as err:
+                log.debug("revoking an abandoned communicator failed: %s", err)
+
     def shrink(self):
         """Agree with every survivor on the failed ranks and shrink the control
         communicator to the survivors (:func:`~.ulfm.agree_and_shrink`)."""
