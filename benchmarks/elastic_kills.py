@@ -372,9 +372,16 @@ def judge(job: dict, spec: dict, np_: int) -> tuple[str, list[str]]:
     if any(not rep["own_once"] or rep["twice"] for rep in ok.values()):
         bad.append("conservation")
     keys = ("digest", "lost", "size", "version", "helpers", "dead_summed")
-    if (any(len({json.dumps(rep[k]) for rep in ok.values()}) > 1 for k in keys)
-            or any(not rep["in_order"] or rep["lost"] != killed for rep in ok.values())):
+    differ = [k for k in keys if len({json.dumps(rep[k]) for rep in ok.values()}) > 1]
+    if any(not rep["in_order"] for rep in ok.values()):
+        differ.append("order")
+    if any(rep["lost"] != killed for rep in ok.values()):
+        differ.append("lost")
+    if differ:
         bad.append("consistency")
+        print(f"    consistency: {', '.join(differ)} differ: "
+              + "; ".join(f"rank {r}: " + ", ".join(f"{k}={rep[k]}" for k in differ if k in rep)
+                          for r, rep in ok.items()), flush=True)
     return ("violation" if bad else "ok"), bad
 
 

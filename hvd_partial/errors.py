@@ -123,3 +123,10 @@ class HostsUpdatedInterrupt(HvdPartialError):
     def __init__(self, skip_sync: bool = False, message: str = "the world changed"):
         self.skip_sync = skip_sync
         super().__init__(message)
+
+
+class PartialResultError(HvdPartialError):
+    """Elastic training, internal: a reduction or helper collective completed on
+    this rank without every rank's part (Open MPI's nonblocking collectives can,
+    once a peer died). It counts as not completed here, and the survivors'
+    recovery decides its outcome; callers never see this error."""

@@ -15,13 +15,41 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import MismatchError
+from ..errors import MismatchError, PartialResultError
 from . import requests as kinds
 from .reduce_ops import wire_dtype
 
 
 def start(channel, entry, request, rank: int, size: int):
     """Start ``entry``'s collective; returns (MPI requests, completion).
+
+    Where ``channel.count_parts`` (elastic training), the completion raises
+    :class:`PartialResultError` unless every rank's part arrived: a sum
+    allreduce carries a count of contributors in its buffers, any other
+    collective is followed by a one-element count of its own."""
+    requests, complete = _start(channel, entry, request, rank, size)
+    if not channel.count_parts or entry.kind == kinds.BARRIER:
+        return requests, complete
+    if entry.kind in (kinds.ALLREDUCE, kinds.GROUPED_ALLREDUCE):
+        return requests, complete  # counted in their own buffers (_counted)
+    count = np.ones(1, np.int64)
+    total = np.zeros(1, np.int64)
+    requests = [*requests, channel.allreduce(count, total, "sum")]
+
+    def checked():
+        _check_count(int(total[0]), size, entry)
+        return complete()
+
+    return requests, checked
+
+
+def _check_count(count: int, size: int, entry) -> None:
+    if count != size:
+        raise PartialResultError(f"{entry.kind} {entry.name!r} completed with the parts of {count} of {size} ranks")
+
+
+def _start(channel, entry, request, rank: int, size: int):
+    """The collective proper of ``entry``: (MPI requests, completion).
 
     ``request`` is this rank's request, or None where the rank joined
     without submitting the name. The completion returns the raw result that
@@ -52,15 +80,44 @@ def _zeros(shape, dtype) -> np.ndarray:
 
 def _allreduce(channel, ref, request):
     send = request.arrays[0] if request is not None else _zeros(ref["shape"], ref["dtype"])
-    recv = np.empty_like(send)
-    return [channel.allreduce(send, recv, ref["wire_op"])], lambda: recv
+    reqs, results = _counted(channel, [send], ref["wire_op"])
+    return reqs, lambda: results()[0]
 
 
 def _grouped_allreduce(channel, ref, request):
     sends = request.arrays if request is not None else [_zeros(s, d) for s, d in ref["arrays"]]
+    return _counted(channel, sends, ref["wire_op"])
+
+
+def _counted(channel, sends: list, op: str):
+    """Allreduce ``sends``; where ``channel.count_parts``, each buffer one element
+    longer, summing a count of contributors (a non-sum op gets a count of its own)."""
+    if not channel.count_parts:
+        recvs = [np.empty_like(s) for s in sends]
+        return [channel.allreduce(s, r, op) for s, r in zip(sends, recvs)], lambda: recvs
+    size = channel.size
+    if op == "sum":
+        longer = [np.concatenate([np.asarray(s).reshape(-1), np.ones(1, s.dtype)]) for s in sends]
+        outs = [np.empty_like(b) for b in longer]
+        reqs = [channel.allreduce(b, o, op) for b, o in zip(longer, outs)]
+
+        def results():
+            for o in outs:
+                if int(o[-1]) != size:
+                    raise PartialResultError(f"an allreduce completed with the parts of {int(o[-1])} of {size} ranks")
+            return [o[:-1].reshape(s.shape) for o, s in zip(outs, sends)]
+
+        return reqs, results
     recvs = [np.empty_like(s) for s in sends]
-    reqs = [channel.allreduce(s, r, ref["wire_op"]) for s, r in zip(sends, recvs)]
-    return reqs, lambda: recvs
+    count, total = np.ones(1, np.int64), np.zeros(1, np.int64)
+    reqs = [channel.allreduce(s, r, op) for s, r in zip(sends, recvs)] + [channel.allreduce(count, total, "sum")]
+
+    def checked():
+        if int(total[0]) != size:
+            raise PartialResultError(f"an allreduce completed with the parts of {int(total[0])} of {size} ranks")
+        return recvs
+
+    return reqs, checked
 
 
 def _bytes(array: np.ndarray) -> np.ndarray:

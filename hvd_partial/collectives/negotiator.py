@@ -44,7 +44,7 @@ from typing import Callable
 import numpy as np
 
 from .. import faults
-from ..errors import EngineError, HvdPartialError, MismatchError, RankFailedError
+from ..errors import EngineError, HvdPartialError, MismatchError, PartialResultError, RankFailedError
 from ..transport.protocol import Transport
 from . import requests as kinds
 from .requests import Request, differences
@@ -171,6 +171,7 @@ class Negotiator:
             from ..transport.helper_channel import HelperChannel  # MPI only where the transport has it
 
             self._channel = HelperChannel(helpers, self._transport.doorbell, self._transport.tag_base)
+            self._channel.count_parts = self.kept is not None  # (elastic training)
         worked = self._complete_collectives()
         for cycle in self._channel.wakes():
             self._wanted = max(self._wanted, cycle)
@@ -360,6 +361,8 @@ class Negotiator:
         """Execution ``number`` completed here: hand its value to the caller, if any."""
         try:
             raw = complete()
+        except PartialResultError:
+            raise  # not completed here: the survivors' recovery decides
         except HvdPartialError as err:
             if request is not None:
                 self._finish_error(request, err)
@@ -392,9 +395,12 @@ class Negotiator:
                     raise
                 finished = False
             if finished:
-                self._deliver(item[0], item[2], item[3])
-            else:
-                still.append(item)
+                try:
+                    self._deliver(item[0], item[2], item[3])
+                    continue
+                except PartialResultError:
+                    pass
+            still.append(item)
         self._running = still
 
     def recovery_report(self) -> tuple[list, list]:

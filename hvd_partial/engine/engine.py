@@ -31,8 +31,8 @@ from ..core.driver import Driver
 from ..core.post_request import PostRequest
 from ..core.rank_stream import Waiter
 from ..core.world import World
-from ..errors import (EngineError, HorovodInternalError, HvdPartialError, NotInitializedError, RankFailedError,
-                      TooManyStreamsError)
+from ..errors import (EngineError, HorovodInternalError, HvdPartialError, NotInitializedError, PartialResultError,
+                      RankFailedError, TooManyStreamsError)
 from ..observe.monitor import TAG_STATUS
 from ..transport.protocol import Transport
 from ..transport.tags import TAG_FAILURE, TAG_HEARTBEAT
@@ -48,7 +48,7 @@ from .pacing import Pacing
 from .readout import EngineReadout
 from .parking import Parking
 from .recovery import recover
-from .reductions import PartialRoundError, Reductions
+from .reductions import Reductions
 from .stats import StatsRecorder
 
 log = logging.getLogger("hvd_partial.engine")
@@ -268,7 +268,7 @@ class Engine:
                         pacing.rest(self._reductions, self._helpers.busy,
                                     min(h.posted_at for h in calls) if calls else None, timer)
                 except Exception as exc:  # noqa: BLE001 - a dead peer, where elastic training survives it
-                    if not (self.config.elastic and (isinstance(exc, PartialRoundError)
+                    if not (self.config.elastic and (isinstance(exc, PartialResultError)
                                                      or self.transport.is_process_failure(exc))):
                         raise
                     self._recover()

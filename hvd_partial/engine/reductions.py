@@ -19,17 +19,12 @@ import numpy as np
 from .. import faults
 from ..core.buffer_pool import BufferPool
 from ..core.rank_stream import Launch, RankStream
-from ..errors import HvdPartialError, TooManyStreamsError
+from ..errors import PartialResultError, TooManyStreamsError
 from ..transport.protocol import Transport
 
 # How long a reduction is tested continuously before the tests space out
 # (reduce_poll_us); see Reductions.poll.
 _PATIENCE_SECONDS = 1e-3
-
-
-class PartialRoundError(HvdPartialError):
-    """A round's reduction completed here without every rank's part (elastic
-    training: a peer died during it); the round counts as not completed here."""
 
 
 def _counted_copies(pool: BufferPool, send: list) -> tuple[list, list]:
@@ -149,7 +144,7 @@ class Reductions:
         if not self.transport.done_checked(entry.requests):
             return False
         if not _every_part_arrived(entry):
-            raise PartialRoundError(f"rank {self.rank}: round {entry.launch.round} completed without every rank's "
+            raise PartialResultError(f"rank {self.rank}: round {entry.launch.round} completed without every rank's "
                                     "part (a peer died)")
         return True
 
@@ -207,7 +202,7 @@ class Reductions:
                     try:
                         if entry.requests is None or not self._finished(entry):
                             break
-                    except PartialRoundError:
+                    except PartialResultError:
                         break
                     except Exception as err:  # noqa: BLE001 - MPI's error types stay in the transport
                         if not is_failure(err):

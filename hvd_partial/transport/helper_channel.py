@@ -34,6 +34,7 @@ class HelperChannel:
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.doorbell = doorbell
+        self.count_parts = False  # elastic training: collectives check that every rank's part arrived
         self._sends: list = []
         self._wake_buffer = np.zeros(1, dtype=np.int64)
 
