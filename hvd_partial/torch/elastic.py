@@ -145,9 +145,11 @@ def _flush(optimizer) -> None:
         flush()  # every rank's parameters and optimizer state bitwise alike before they are copied
 
 
-class _ModelPart:
-    def __init__(self, model: torch.nn.Module):
-        self.value = model
+class _StateDictPart:
+    """A part of the state saved and restored through its ``state_dict``."""
+
+    def __init__(self, value):
+        self.value = value
         self.save()
 
     def save(self):
@@ -155,46 +157,25 @@ class _ModelPart:
 
     def restore(self):
         self.value.load_state_dict(self._saved)
-
-    def sync(self, collectives):
-        broadcast_parameters(self.value.state_dict(), root_rank=0)
 
     def reset(self):
         pass
 
 
-class _OptimizerPart:
-    def __init__(self, optimizer):
-        self.value = optimizer
-        self.save()
+class _ModelPart(_StateDictPart):
+    def sync(self, collectives):
+        broadcast_parameters(self.value.state_dict(), root_rank=0)
 
+
+class _OptimizerPart(_StateDictPart):
     def flush(self):
         _flush(self.value)
-
-    def save(self):
-        self._saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self):
-        self.value.load_state_dict(self._saved)
 
     def sync(self, collectives):
         broadcast_optimizer_state(self.value, root_rank=0)
 
-    def reset(self):
-        pass
 
-
-class _SamplerPart:
-    def __init__(self, sampler: ElasticSampler):
-        self.value = sampler
-        self.save()
-
-    def save(self):
-        self._saved = copy.deepcopy(self.value.state_dict())
-
-    def restore(self):
-        self.value.load_state_dict(self._saved)
-
+class _SamplerPart(_StateDictPart):
     def sync(self, collectives):
         self.value.sync(collectives)
 

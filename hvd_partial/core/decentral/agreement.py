@@ -179,7 +179,8 @@ class Agreements:
             self._begin(key, payload)
 
     def act_on(self, key: tuple, message) -> None:
-        """Act on an outcome adopted by :meth:`rebased` (never flooded again)."""
+        """Act on an outcome: one heard (after flooding it on), or one adopted by
+        :meth:`rebased` (never flooded again)."""
         for decision in (message if key[0] == "leave" else (message,)):
             if type(decision) is Rejected:
                 self._rejections[decision.name] = self._rejections.get(decision.name, 0) + 1
@@ -270,12 +271,7 @@ class Agreements:
         for n in self.neighbours:
             if n != source:
                 self._send(n, AgreementOutcome(key, message))
-        for decision in (message if key[0] == "leave" else (message,)):
-            if type(decision) is Rejected:
-                self._rejections[decision.name] = self._rejections.get(decision.name, 0) + 1
-            self._deliver(decision)
-        if key[0] == "leave":
-            self._close_when_ready()
+        self.act_on(key, message)
 
 
 def _disagreement(name: str, mismatch: tuple) -> str:
