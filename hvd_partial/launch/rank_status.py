@@ -111,14 +111,21 @@ def wrap(program: list[str]) -> int:
         mark = os.path.join(directory, f"rank.{rank}.ended")
         env[EXIT_MARK_ENV] = mark
     env.pop(STATUS_DIR_ENV, None)
+    # Signals are forwarded from before the program starts (one that comes first waits for it):
+    # a signal between its start and the handlers would end this wrapper and not the program.
+    started: list = []
+    early: list = []
+    for sig in _FORWARDED:
+        signal.signal(sig, lambda number, _frame: started[0].send_signal(number) if started else early.append(number))
     try:
         child = subprocess.Popen(program, env=env, preexec_fn=_die_with_parent())
     except OSError as err:
         sys.stderr.write(f"hvd-partial-run: rank {rank}: cannot start {program[0]!r}: {err}\n")
         code = 127
     else:
-        for sig in _FORWARDED:
-            signal.signal(sig, lambda number, _frame: child.send_signal(number))
+        started.append(child)
+        for number in early:
+            child.send_signal(number)
         code = child.wait()
     if directory and rank is not None:
         record = {"rank": rank, "returncode": code, "ended": bool(mark and os.path.exists(mark))}
