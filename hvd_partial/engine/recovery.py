@@ -89,7 +89,8 @@ def recover(transport, driver: Driver, reductions: Reductions, helpers, world: W
             _resolve(transport, driver, reductions, new_world, worlds, dispatch)
             _hand_over_helpers(transport, helpers, new_world)
         except Exception as err:  # noqa: BLE001 - MPI's error types stay in the transport
-            if not is_failure(err):
+            # (a second failure during these steps may surface as any MPI error: start again)
+            if not (is_failure(err) or transport.is_mpi_error(err)):
                 raise
             log.warning("rank %d: another failure during recovery (%s); starting again", world.rank, err)
             world = worlds[max(worlds)]

@@ -254,6 +254,12 @@ class MpiTransport:
             return True
         return is_process_failure(exc)
 
+    @staticmethod
+    def is_mpi_error(exc: BaseException) -> bool:
+        """Whether ``exc`` is any error MPI raised (during a recovery, a second failure can
+        also surface as another class, e.g. ``MPI_ERR_OTHER`` from a ``Dup``)."""
+        return isinstance(exc, MPI.Exception)
+
     def revoke_control(self) -> None:
         """Revoke the control communicator, which every engine polls: each survivor
         still working (or idle) hears of the failure. The other communicators are
