@@ -8,6 +8,7 @@ hung rank can be named with its last phase.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -107,3 +108,26 @@ def require_success(result: MpiResult, worker: str, require_reports: bool = True
         missing = [r for r in range(result.nprocs) if r not in result.results]
         if missing:
             pytest.fail(f"ranks {missing} exited without reporting a result\n" + result.tail())
+
+
+# Open MPI's fault tolerance (ULFM), as the elastic tests launch with it.
+ULFM_ARGS = ("--with-ft", "ulfm", "--mca", "btl", "tcp,self")
+
+
+@functools.lru_cache(maxsize=None)
+def no_ulfm_launcher() -> str | None:
+    """Why this run's mpiexec cannot launch with ULFM, or None (the ``ulfm`` fixture skips on it)."""
+    from hvd_partial.launch.mpiexec import MpiFlavor, detect_flavor, find_mpiexec
+
+    exe = find_mpiexec()
+    flavor = detect_flavor(exe)
+    if flavor is not MpiFlavor.OPEN_MPI:
+        return f"needs Open MPI 5 with ULFM (run bash ci/test-openmpi); this run's mpiexec is {flavor.value}"
+    info = Path(exe).with_name("ompi_info")
+    try:
+        text = subprocess.run([str(info)], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"cannot run {info}: {err}"
+    if "FT MPI support: yes" not in text:
+        return f"this Open MPI ({exe}) was built without ULFM (ompi_info: no 'FT MPI support: yes')"
+    return None

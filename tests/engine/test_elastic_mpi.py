@@ -10,19 +10,13 @@ survivor (digest), the world shrunk to 3 with the dead rank named.
 
 import pytest
 from launch.procs import assert_no_leftovers, token
-from transport.test_ulfm_mpi import ULFM_ARGS, _no_ulfm_launcher
+from mpi_run import ULFM_ARGS
 from workers.support import run_case_job
 
 pytestmark = pytest.mark.mpi
 
 CASES = "elastic_cases.py"
 
-
-@pytest.fixture
-def ulfm():
-    reason = _no_ulfm_launcher()
-    if reason:
-        pytest.skip(reason)
 
 
 def _survivors(case, *args, nprocs=4, victim):

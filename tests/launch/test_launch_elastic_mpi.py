@@ -16,7 +16,6 @@ from procs import ROOT, assert_no_leftovers, run_command, token
 from workers.support import run_case_job
 
 from hvd_partial.launch.mpiexec import MpiFlavor, detect_flavor, find_mpiexec
-from transport.test_ulfm_mpi import _no_ulfm_launcher
 
 pytestmark = pytest.mark.mpi
 
@@ -41,12 +40,6 @@ def test_elastic_init_without_ulfm_fails_on_every_rank(how):
             assert "without `--with-ft ulfm`" in error, error
     assert_no_leftovers(word)
 
-
-@pytest.fixture
-def ulfm():
-    reason = _no_ulfm_launcher()
-    if reason:
-        pytest.skip(reason)
 
 
 def test_elastic_launch_survives_a_dead_rank_and_names_it(ulfm, tmp_path):

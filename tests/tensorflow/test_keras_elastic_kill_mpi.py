@@ -30,13 +30,13 @@ pytest.importorskip("keras")
 
 from launch.procs import assert_no_leftovers, token  # noqa: E402
 from mpi_run import ROOT, run_job  # noqa: E402
-from transport.test_ulfm_mpi import _no_ulfm_launcher  # noqa: E402
+from mpi_run import no_ulfm_launcher  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
 
 def test_keras_fit_survives_a_kill():
-    reason = _no_ulfm_launcher()
+    reason = no_ulfm_launcher()
     if reason:
         pytest.skip(reason)
     word = token()

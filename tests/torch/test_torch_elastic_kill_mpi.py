@@ -41,18 +41,11 @@ pytest.importorskip("torch")
 
 from launch.procs import assert_no_leftovers, token  # noqa: E402
 from mpi_run import ROOT, WORKERS, run_job  # noqa: E402
-from transport.test_ulfm_mpi import _no_ulfm_launcher  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
 SAMPLES, EPOCHS, NPROCS = 96, 2, 4
 
-
-@pytest.fixture
-def ulfm():
-    reason = _no_ulfm_launcher()
-    if reason:
-        pytest.skip(reason)
 
 
 def launch_elastic(script: Path, *args, nprocs=NPROCS, timeout=180, env=None):

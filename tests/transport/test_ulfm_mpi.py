@@ -13,44 +13,15 @@ have died (found here: 2 of 4 and 3 of 6 end it, 2 of 5 and 3 of 7 do not),
 so the cases that kill two ranks run five.
 """
 
-import functools
-import subprocess
-from pathlib import Path
-
 import pytest
 from hvd_partial.launch.mpiexec import MpiFlavor, detect_flavor, find_mpiexec
 from launch.procs import assert_no_leftovers, token
+from mpi_run import ULFM_ARGS
 from workers.support import run_case_job
 
 pytestmark = pytest.mark.mpi
 
 CASES = "ulfm_cases.py"
-ULFM_ARGS = ("--with-ft", "ulfm", "--mca", "btl", "tcp,self")
-
-
-@functools.lru_cache(maxsize=None)
-def _no_ulfm_launcher() -> str | None:
-    """Why this run's mpiexec cannot launch with ULFM, or None."""
-    exe = find_mpiexec()
-    flavor = detect_flavor(exe)
-    if flavor is not MpiFlavor.OPEN_MPI:
-        return f"needs Open MPI 5 with ULFM (run bash ci/test-openmpi); this run's mpiexec is {flavor.value}"
-    info = Path(exe).with_name("ompi_info")
-    try:
-        text = subprocess.run([str(info)], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError) as err:
-        return f"cannot run {info}: {err}"
-    if "FT MPI support: yes" not in text:
-        return f"this Open MPI ({exe}) was built without ULFM (ompi_info: no 'FT MPI support: yes')"
-    return None
-
-
-@pytest.fixture
-def ulfm():
-    reason = _no_ulfm_launcher()
-    if reason:
-        pytest.skip(reason)
-    return ULFM_ARGS
 
 
 def run_kill_case(nprocs, *args, survivors, timeout=60):
