@@ -15,7 +15,11 @@ began a normal exit: it returned, raised or called ``sys.exit``) rather than
 died mid-run (a signal, ``os._exit``, an abort). ``E`` comes from a marker
 file the program writes at exit (:func:`note_exit_for_launcher`, which
 ``hvd_partial.init`` calls when ``HVDP_EXIT_MARK`` is set). The wrapper then
-exits as its child did (the same code, or the same signal).
+exits as its child did (the same code, or the same signal), except that a
+program that died mid-run with a non-zero status (``os._exit(1)``, an abort
+handler's exit) ends its wrapper with SIGKILL: Open MPI's launcher, ULFM on,
+ends the whole job when a rank *exits* non-zero, and keeps the others running
+when one is killed.
 
 The launcher reads the files (:func:`collect`, :func:`verdict`). A rank is
 
@@ -127,8 +131,9 @@ def wrap(program: list[str]) -> int:
         for number in early:
             child.send_signal(number)
         code = child.wait()
+    ended = bool(mark and os.path.exists(mark))
     if directory and rank is not None:
-        record = {"rank": rank, "returncode": code, "ended": bool(mark and os.path.exists(mark))}
+        record = {"rank": rank, "returncode": code, "ended": ended}
         tmp = status_path(directory, rank) + ".tmp"
         try:
             with open(tmp, "w") as fh:
@@ -137,6 +142,8 @@ def wrap(program: list[str]) -> int:
         except OSError as err:
             if os.path.isdir(directory):  # else the launcher has read the records already
                 sys.stderr.write(f"hvd-partial-run: rank {rank}: cannot record its exit in {directory}: {err}\n")
+        if code > 0 and not ended:
+            return -int(signal.SIGKILL)  # died mid-run: end as a killed rank, so the survivors run on
     return code
 
 

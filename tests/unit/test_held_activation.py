@@ -350,3 +350,32 @@ def test_a_delay_that_ends_after_everyone_joined_drops_the_flood_before_the_roun
     assert all(world.idle(j) for j in range(P)) and sent == []
     assert all(machine(world, j).floods.awaiting_start is None for j in range(P))
     assert sum(machine(world, j).stats.quorum_additions for j in range(P)) == 0
+
+
+@pytest.mark.parametrize("held", [True, False], ids=["delay", "no_delay"])
+@pytest.mark.parametrize("P", [3, 4, 8])
+def test_a_designated_rank_parked_again_starts_nothing(P, held):
+    """Majority's designated initiator of the next balanced round waits in
+    collectives twice with nothing to post (an epoch's flushes of other
+    streams): it tells once and starts nothing either time, so the round the
+    others post to next holds their data (found by benchmarks/waiting_cpu.py
+    under load: the second park started an empty round)."""
+    mode = Majority(seed=3)
+    world = world_of(P, mode, held=held)
+    for _ in range(2):  # registration, then a round with every rank: the next one is balanced
+        post_all(world, P, 1)
+        world.run_communication()
+    c = machine(world, 0).completed
+    d = mode.initiator("stream", c, P)
+    for _ in range(2):
+        world.park(d)
+        world.run_communication()
+        world.unpark(d)
+    assert [machine(world, j).completed for j in range(P)] == [c] * P  # nothing started
+    others = [j for j in range(P) if j != d]
+    post_all(world, P, 2, others)
+    world.run_communication()
+    assert all(world.idle(j) for j in others)  # the designated rank is not needed: it told them
+    res = world.results(others[0])[-1]
+    assert (res.round, res.contributors) == (c, others)
+    assert int(res.array[0]) == 2 * (P - 1)

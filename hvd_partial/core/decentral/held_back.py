@@ -87,12 +87,12 @@ class HeldBack:
             if not pending and not local.stands_in:
                 return out
             holds = bool(pending)
-            if ((tally is None and parking.must_tell(self.rank, holds, held.view))
-                    or (parking.parked and tally is not None and not tally.met)):
-                # parked, with nothing to post: start nothing; the holders start it (told so,
-                # or, with a quorum, told by the addition that makes it)
-                if tally is None:
-                    return parking.tell(c)
+            if tally is None and parking.parked and not holds and not held.view.stands_in(self.rank):
+                # parked, with nothing to post: start nothing, at this park or a later one; the
+                # holders start it, told once
+                return parking.tell(c) if parking.must_tell(self.rank, holds, held.view) else out
+            if parking.parked and tally is not None and not tally.met:
+                # with a quorum, the holders are told by the addition that makes it
                 tally.count(holds, local.stands_in, out)
                 if not tally.met:
                     return out
