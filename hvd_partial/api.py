@@ -81,12 +81,15 @@ def init(comm=None, **config) -> None:
         from .launch.horovod import shared_comm
 
         comm = shared_comm(comm)  # Horovod's communicator when Horovod runs
+        joining = None  # (grown link, handshake) when a grow of the elastic world started this process
         if cfg.elastic:  # every rank fails alike, no MPI call: the reason depends on the MPI and the launch only
+            from .engine.growth import join_grown_world
             from .launch.rank_status import note_exit_for_launcher
             from .transport.mpi import MPI, check_communicator
             from .transport.ulfm import ulfm_support
 
-            comm = MPI.COMM_WORLD if comm is None else comm
+            joining = join_grown_world()  # a new rank: the world it joins (docs/elastic.md, "Growing back")
+            comm = joining[0].comm if joining is not None else MPI.COMM_WORLD if comm is None else comm
             check_communicator(comm)
             comm.Set_errhandler(MPI.ERRORS_RETURN)  # a peer's failure raises MPI.Exception, never aborts
             reason = ulfm_support(comm)
@@ -97,9 +100,18 @@ def init(comm=None, **config) -> None:
             note_exit_for_launcher()  # hvd-partial-run --elastic tells a rank that ended from one that died
         transport = MpiTransport(comm, doorbell=cfg.doorbell, quorum_counters=True, elastic=cfg.elastic)
         transport.barrier()  # every engine starts its liveness clock together
-        engine = Engine(transport, cfg)
+        if joining is None:
+            engine = Engine(transport, cfg)
+        else:
+            from .engine.growth import engine_arguments
+
+            engine = Engine(transport, cfg, **engine_arguments(joining[1], transport.rank))
         engine.start()
         _session.begin(Session(engine, transport, cfg))
+        if joining is not None:
+            from .engine.growth import joined
+
+            joined(_session.current(), *joining)
         _install_hooks(cfg)
     log.debug("rank %d/%d initialized", transport.rank, transport.size)
 
@@ -122,6 +134,10 @@ def shutdown() -> None:
             if engine.failure is None:
                 engine.free_stream_comms()
                 transport.free()
+                if current.config.elastic:
+                    from .engine.growth import disconnect_links
+
+                    disconnect_links(current)  # the links of the grows this process took part in
             _session.end()
 
 

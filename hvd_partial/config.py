@@ -99,6 +99,13 @@ class Config:
     #: ``hvd-partial-run --elastic`` or ``mpirun --with-ft ulfm --mca btl tcp,self``).
     #: Off: a dead rank ends the job (``RankFailedError`` on every survivor).
     elastic: bool = False
+    #: Elastic training: grow the world back to this many ranks (``hvd-partial-run --max-np``).
+    #: While the world is smaller, each ``state.commit()`` of the elastic API at which every
+    #: stream is at rest starts the missing processes (MPI ``Spawn``) and they join. 0: never.
+    max_np: int = 0
+    #: Elastic training: the fewest ranks to go on with (``hvd-partial-run --min-np``). A failure
+    #: that leaves fewer stops every survivor with ``RankFailedError`` naming the ranks lost. 0: any.
+    min_np: int = 0
 
     def __post_init__(self):
         if self.max_staleness < 0:
@@ -107,6 +114,9 @@ class Config:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("spin_us", "reduce_poll_us", "activation_delay_us"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("max_np", "min_np"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.abort_grace_seconds < 0:

@@ -394,6 +394,21 @@ def barrier(process_set=global_process_set) -> None:
     session.wait(barrier_async(process_set))
 
 
+def name_counters() -> dict[str, int]:
+    """This session's counters of unnamed helper calls, per kind (``allreduce.noname.<n>``)."""
+    names = session.require().adapter_state("collectives", _Names)
+    with names.lock:
+        return dict(names.counters)
+
+
+def adopt_name_counters(counters: dict[str, int]) -> None:
+    """Number unnamed helper calls on from ``counters`` (a rank that joined a grown world
+    takes rank 0's, so that its next unnamed call has the others' name)."""
+    names = session.require().adapter_state("collectives", _Names)
+    with names.lock:
+        names.counters = dict(counters)
+
+
 def run_on_engine(function):
     """Run ``function()`` on this rank's engine thread (no communication) and
     return its value: for changes to what only the engine thread may touch.

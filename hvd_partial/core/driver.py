@@ -86,6 +86,10 @@ class Driver:
         self._to_flush: set[int] = set()
         self._flushed: set[int] = set()
         self._goodbye_sent: frozenset | None = None
+        # Elastic training, after the world grew: stream name -> rounds it completed on the engine
+        # before (docs/elastic.md, "Growing back"). Such a stream registers again with its first
+        # post here and numbers its rounds on from there; a flush before that post has nothing to do.
+        self.carried: dict[str, int] = {}
         self._decisions = {Start: self._on_start, Registered: self._on_registered, Rejected: self._on_rejected,
                            FlushBegun: self._on_flush_begun, Closed: self._on_closed}
 
@@ -98,6 +102,7 @@ class Driver:
         if stream is None:
             stream = RankStream(self.rank, self.size, name, request.layout, request.sync, request.op,
                                 grouped=request.grouped)
+            stream.round_offset = self.carried.get(name, 0)
             self.streams[name] = stream
             self._held[name] = (request.buffers, request.owned, waiter)
             faults.point("registration_reported")

@@ -111,6 +111,9 @@ class RankStream:
         # can hand them to the survivors that lack them. None: not kept (elastic off).
         self.kept_rounds: dict[int, list] | None = None
         self.world_version = 0  # the world this stream's rounds complete on (elastic training)
+        # Elastic training, after the world grew: the rounds this stream completed before, so that
+        # its round numbers go on (the engine that restarted on the bigger world counts from 0).
+        self.round_offset = 0
 
     # -- compute-thread requests (run on the engine thread) ---------------------
 
@@ -232,7 +235,7 @@ class RankStream:
                 self.last_included = {j: int(gathered[2 * P + j]) for j in np.flatnonzero(gathered[:P]).tolist()}
         else:
             row = all_fresh(self.world_size)
-        result = RoundResult(launch.round, initiator, flush=flush, staleness_row=row)
+        result = RoundResult(launch.round + self.round_offset, initiator, flush=flush, staleness_row=row)
         result.world_size, result.world_version = self.world_size, self.world_version
         if self.op is ReduceOp.AVERAGE and result.has_data:
             for buf in reduced:

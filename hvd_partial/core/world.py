@@ -22,7 +22,10 @@ class World:
     """``rank`` and ``size`` in the current world; ``version`` counts the
     changes since ``init``; ``lost`` are the ranks, numbered as at ``init``,
     that died since; ``original_rank`` is this rank's number at ``init``;
-    ``members`` the ``init`` numbers of the current ranks, in rank order."""
+    ``members`` the ``init`` numbers of the current ranks, in rank order;
+    ``joined`` the numbers of the ranks started since ``init`` to grow the
+    world back (numbered after every earlier one: the first after a job of
+    4 is 4), in the order they joined."""
 
     version: int
     rank: int
@@ -30,6 +33,7 @@ class World:
     original_rank: int
     members: tuple[int, ...]
     lost: tuple[int, ...] = ()
+    joined: tuple[int, ...] = ()
 
     @classmethod
     def initial(cls, rank: int, size: int) -> "World":
@@ -43,4 +47,16 @@ class World:
         lost = tuple(sorted(set(self.lost) | {self.members[r] for r in gone}))
         if members[new_rank] != self.original_rank:
             raise ValueError(f"rank {self.rank}: new rank {new_rank} is not this rank in {members}")
-        return World(self.version + 1, new_rank, len(members), self.original_rank, members, lost)
+        return World(self.version + 1, new_rank, len(members), self.original_rank, members, lost, self.joined)
+
+    def grown(self, count: int) -> "World":
+        """The world after ``count`` new ranks joined, after the current ones (this
+        rank keeps its rank); they get the next unused numbers."""
+        first = 1 + max((*self.members, *self.lost, *self.joined))
+        new = tuple(range(first, first + count))
+        return World(self.version + 1, self.rank, self.size + count, self.original_rank, self.members + new,
+                     self.lost, self.joined + new)
+
+    def as_rank(self, rank: int) -> "World":
+        """The same world seen by its rank ``rank`` (a joining rank learns the world from rank 0)."""
+        return World(self.version, rank, self.size, self.members[rank], self.members, self.lost, self.joined)

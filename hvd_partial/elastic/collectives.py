@@ -22,12 +22,15 @@ class ElasticCollectives:
     """``broadcast_object(obj, name)`` returns rank 0's ``obj``;
     ``allgather_object(obj, name)`` every rank's, in rank order; ``world()``
     the :class:`~hvd_partial.core.world.World`; ``acknowledge_world_change()``
-    lets the helper collectives run again after a change."""
+    lets the helper collectives run again after a change; ``grow()`` (collective)
+    starts new ranks where the world is below ``max_np`` and returns how many
+    (default: never)."""
 
     broadcast_object: Callable[[Any, str], Any]
     allgather_object: Callable[[Any, str], list]
     world: Callable[[], Any]
     acknowledge_world_change: Callable[[], None]
+    grow: Callable[[], int] = lambda: 0
 
     @classmethod
     def default(cls) -> "ElasticCollectives":
@@ -40,4 +43,11 @@ class ElasticCollectives:
             allgather_object=lambda obj, name: hvd_partial.allgather_object(obj, name=name),
             world=lambda: hvd_partial.world(),
             acknowledge_world_change=lambda: hvd_partial.acknowledge_world_change(),
+            grow=_grow_world,
         )
+
+
+def _grow_world() -> int:
+    from ..engine.growth import grow_world
+
+    return grow_world()

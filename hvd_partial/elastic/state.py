@@ -77,6 +77,12 @@ class State:
         # A helper collective: it fails on every survivor alike after a change nobody has acknowledged,
         # so that survivors that read the world version at different moments still leave at the same call.
         self._collectives.broadcast_object(world.version, CHECK_NAME)
+        # Every rank is here and agrees on the world: where it is below max_np, new ranks may join now.
+        started = self._collectives.grow()
+        if started:
+            self._seen_version = self._collectives.world().version
+            raise HostsUpdatedInterrupt(skip_sync=False, message=f"{started} rank(s) joined: the world has "
+                                                                 f"{self._collectives.world().size} ranks now")
         version = self._collectives.world().version
         if self._seen_version is None:
             self._seen_version = version

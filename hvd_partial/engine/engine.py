@@ -64,7 +64,11 @@ class Engine:
         handle = engine.submit_post(PostRequest(...))
     """
 
-    def __init__(self, transport: Transport, config: Config):
+    def __init__(self, transport: Transport, config: Config, world: World | None = None,
+                 carried: dict[str, int] | None = None):
+        """``world`` and ``carried``: where the world grew (elastic training,
+        :mod:`.growth`), the world this engine starts in and, per stream, the rounds
+        it completed on the engine before."""
         # -- who: this rank, its transport and configuration
         self.transport = transport
         self.config = config
@@ -78,9 +82,9 @@ class Engine:
         self.timeline = self.observer.timeline if self.observer is not None else None
         self.failure: HvdPartialError | None = None
         # -- the world: its rank and size now and the changes since init (elastic training)
-        self.world = World.initial(self.rank, self.size)
-        self.worlds = {0: self.world}  # every world since init, by version
-        self.acknowledged_version = 0  # the world version this rank's helper collectives run on
+        self.world = world or World.initial(self.rank, self.size)
+        self.worlds = {self.world.version: self.world}  # every world since init (or since it grew), by version
+        self.acknowledged_version = self.world.version  # the world version this rank's helper collectives run on
         self.recoveries: list = []  # elastic training: what each recovery did (Recovered)
         self.failed_at = 0.0  # time.monotonic() when failure was set
         # Called on the compute thread after it waited in a call that needs every rank: adapters apply
@@ -96,6 +100,7 @@ class Engine:
         self._host = EngineHost(me, self.stats, self._calls, lambda error: me.fail(error, notify=True, local=True))
         self._driver = Driver(self.rank, self.size, weakref.proxy(self._host), config.activation_delay_us > 0,
                               transport.quorum_counters)
+        self._driver.carried = dict(carried or {})
         self._liveness = Liveness(transport, self.rank, self.size, config)
         self._dispatch = Dispatch(transport, self.rank, self._driver, {
             TAG_FAILURE: lambda source, notice: _fail_if(me, me._liveness.failure_notice(source, notice)),
@@ -307,6 +312,10 @@ class Engine:
         self._intake.poke = self._pacing.poke
         self.stats = StatsRecorder(self.size)
         self._host.rebase(self.stats)
+        if self.config.min_np and self.size < self.config.min_np:
+            self.fail(RankFailedError(done.failed[0] if done.failed else None, (
+                f"elastic: {self.size} ranks left, fewer than min_np {self.config.min_np} (hvd-partial-run "
+                f"--min-np); ranks lost since init (numbered as at init): {list(self.world.lost)}")), local=True)
         if self.observer is not None:
             self.observer.rebase(self.rank, self.size)
 
@@ -368,6 +377,11 @@ class Engine:
     def _flush(self, cmd: FlushCommand) -> None:
         faults.point("flush_submitted")
         self._begin_call(cmd, None)
+        if cmd.name in self._driver.carried and cmd.name not in self._driver.streams:
+            # carried over a grow and not posted to since: no rank can have a round of it yet
+            self._calls.discard(cmd.handle)
+            cmd.handle.set_result([])
+            return
         try:
             self._driver.flush(cmd.name, Waiter("flush", handle=cmd.handle))
         except HvdPartialError as err:

@@ -41,3 +41,19 @@ class EngineReadout:
         stream = self._driver.streams.get(name)
         machine = None if stream is None or stream.id is None else self._driver.control.streams.get(stream.id)
         return None if machine is None else machine.stats
+
+    def streams_at_rest(self) -> dict[str, int | None] | None:
+        """Per stream, the rounds it completed if it is at rest on this rank (registered,
+        no post or flush in progress, nothing pending, every round started here completed
+        and taken), else None for it; None altogether while a stream is still registering.
+        Read it on the engine thread (``run_on_engine``): where the world may grow."""
+        driver = self._driver
+        if any(s.id is None for s in driver.streams.values()):
+            return None
+        out: dict[str, int | None] = {}
+        for name, s in driver.streams.items():
+            rest = s.waiter is None and not s.pending and s.started == s.completed == s.taken
+            out[name] = s.completed + s.round_offset if rest else None
+        for name, rounds in driver.carried.items():
+            out.setdefault(name, rounds)  # carried over an earlier grow, not posted to since
+        return out

@@ -19,7 +19,10 @@ the engine thread must not share the training thread's core.
 (``mpirun --with-ft ulfm --mca btl tcp,self``) and ``HVD_PARTIAL_ELASTIC=1``,
 starts each rank through :mod:`.rank_status` so that the launcher learns how
 every rank ended, and exits 0 when no rank failed and at least ``--min-np``
-ranks finished, whatever ``mpirun`` says; it prints one summary line.
+ranks finished, whatever ``mpirun`` says; it prints one summary line, naming
+the ranks lost and those started during the run. ``--max-np`` (and
+``--min-np``) travel to the ranks as ``HVD_PARTIAL_MAX_NP`` (``_MIN_NP``):
+below it the ranks grow the world back at a commit of ``hvd.elastic.run``.
 """
 
 from __future__ import annotations
@@ -71,8 +74,8 @@ TUNING_FLAGS = {
     "--no-log-hide-timestamp": False, "--no-timeline-mark-cycles": False, "--timeline-mark-cycles": False,
 }
 
-_NO_GROWTH = ("adding hosts or processes during a run is not built: --elastic survives ranks that die and goes on "
-              "with the rest, but never starts new ones; list the hosts with -H/--hostfile")
+_NO_GROWTH = ("following hosts during a run is not built: --elastic survives ranks that die and, with --max-np, "
+              "starts new ones on the hosts given; list the hosts with -H/--hostfile")
 
 #: Open MPI's launch options for ULFM fault tolerance (docs/elastic.md): without --with-ft ulfm a dead
 #: rank ends the job; with the shared-memory transport its peers on the same host hang.
@@ -115,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int,
                    help="elastic: fewest ranks that must finish for the job to succeed (default 1; implies --elastic)")
     p.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int,
-                   help="elastic: most ranks (the default of -np; ranks are never added back; implies --elastic)")
+                   help="elastic: most ranks (default -np); after a rank died, the survivors start new ones up to "
+                        "this many at a state.commit() of hvd.elastic.run (implies --elastic)")
     p.add_argument("-hostfile", "--hostfile", help="file with one host per line: 'host slots=N' or 'host:N'")
     # horovodrun's -p and -i are rewritten to these by split_horovod_flags: as argparse
     # short options they would swallow values such as --mpi-args "-ppn 2".
@@ -199,6 +203,10 @@ def settings_env(args) -> dict[str, str]:
         env[ENV_PREFIX + "LOG_LEVEL"] = "INFO"
     if is_elastic(args):
         env[ENV_PREFIX + "ELASTIC"] = "1"
+        if args.max_np is not None:  # the ranks grow the world back to it (docs/elastic.md, "Growing back")
+            env[ENV_PREFIX + "MAX_NP"] = str(args.max_np)
+        if args.min_np is not None:  # fewer survivors stop
+            env[ENV_PREFIX + "MIN_NP"] = str(args.min_np)
     return env
 
 
@@ -348,9 +356,6 @@ def main(argv: list[str] | None = None) -> int:
         _remove(temporary)
         return 0
     _, nprocs, min_np = job_size(args)
-    if args.max_np is not None and args.max_np > nprocs:
-        print(f"hvd-partial-run: note: --max-np {args.max_np} > {nprocs} ranks started; ranks are never added "
-              "during a run", file=sys.stderr)
     proc = subprocess.Popen(cmd, env=environ)
     try:
         code = proc.wait()

@@ -33,6 +33,13 @@ The launcher reads the files (:func:`collect`, :func:`verdict`). A rank is
   status, no file at all because its wrapper was killed or it runs on a
   host that does not share the directory).
 
+Ranks started during the run to grow the elastic world back
+(:mod:`hvd_partial.engine.growth`) run through the same wrapper, started as
+``rank_status.py --member F PROGRAM...`` (F: the number of the first rank of
+that grow, after every earlier rank), and record ``joined.N.json``; the
+summary names them as *started*. The wrapper gives its program the command
+that starts it again (``HVDP_RESPAWN``) and the program (``HVDP_PROGRAM``).
+
 Only the standard library is imported here: the wrapper must start fast and
 must not import MPI.
 """
@@ -54,14 +61,20 @@ STATUS_DIR_ENV = "HVDP_STATUS_DIR"
 EXIT_MARK_ENV = "HVDP_EXIT_MARK"
 #: where the wrapper reads its rank (Open MPI, PMIx, MPICH's PMI)
 RANK_ENVS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+#: wrapper -> program: the command that starts one more rank through this wrapper, and the
+#: program with its arguments (JSON lists; read by hvd_partial.engine.growth, whose names these are)
+RESPAWN_ENV = "HVDP_RESPAWN"
+PROGRAM_ENV = "HVDP_PROGRAM"
 
 # Signals the wrapper passes on to the program (what mpirun sends its ranks).
 _FORWARDED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1",
                                                       "SIGUSR2", "SIGCONT", "SIGTSTP") if hasattr(signal, name))
 
 
-def status_path(directory: str, rank: int) -> str:
-    return os.path.join(directory, f"rank.{rank}.json")
+def status_path(directory: str, rank: int, joined: bool = False) -> str:
+    """Where rank ``rank`` records how it ended (``joined``: a rank started during
+    the run to grow the world back, numbered after every earlier rank)."""
+    return os.path.join(directory, f"{'joined' if joined else 'rank'}.{rank}.json")
 
 
 def note_exit_for_launcher() -> None:
@@ -105,16 +118,23 @@ def _die_with_parent():
     return lambda: prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
 
 
-def wrap(program: list[str]) -> int:
-    """Run ``program``, record how it ended, return its exit status (``-S`` for signal ``S``)."""
+def wrap(program: list[str], first_member: int | None = None) -> int:
+    """Run ``program``, record how it ended, return its exit status (``-S`` for signal ``S``).
+    ``first_member``: this wrapper was started by a grow of the elastic world, whose
+    first new rank has that number (this one is that plus its rank among those started)."""
     directory = os.environ.get(STATUS_DIR_ENV)
     rank = _rank()
+    joined = first_member is not None
+    if joined and rank is not None:
+        rank += first_member
     env = dict(os.environ)
     mark = None
     if directory and rank is not None:
-        mark = os.path.join(directory, f"rank.{rank}.ended")
+        mark = os.path.join(directory, f"{'joined' if joined else 'rank'}.{rank}.ended")
         env[EXIT_MARK_ENV] = mark
     env.pop(STATUS_DIR_ENV, None)
+    env[RESPAWN_ENV] = json.dumps([sys.executable, "-I", os.path.abspath(__file__)])
+    env[PROGRAM_ENV] = json.dumps(program)
     # Signals are forwarded from before the program starts (one that comes first waits for it):
     # a signal between its start and the handlers would end this wrapper and not the program.
     started: list = []
@@ -134,11 +154,13 @@ def wrap(program: list[str]) -> int:
     ended = bool(mark and os.path.exists(mark))
     if directory and rank is not None:
         record = {"rank": rank, "returncode": code, "ended": ended}
-        tmp = status_path(directory, rank) + ".tmp"
+        if joined:
+            record["joined"] = True
+        tmp = status_path(directory, rank, joined) + ".tmp"
         try:
             with open(tmp, "w") as fh:
                 json.dump(record, fh)
-            os.replace(tmp, status_path(directory, rank))
+            os.replace(tmp, status_path(directory, rank, joined))
         except OSError as err:
             if os.path.isdir(directory):  # else the launcher has read the records already
                 sys.stderr.write(f"hvd-partial-run: rank {rank}: cannot record its exit in {directory}: {err}\n")
@@ -175,18 +197,32 @@ def collect(directory: str, nprocs: int) -> dict[int, dict | None]:
         os.rename(directory, closed)
     except OSError:
         return {rank: None for rank in range(nprocs)}
-    out = {}
-    for rank in range(nprocs):
-        try:
-            with open(status_path(closed, rank)) as fh:
-                out[rank] = json.load(fh)
-        except (OSError, ValueError):
-            # No record, but the program ended (its marker is there): it was killed while MPI
-            # finalized, which Open MPI does after a failure now and then (its status is unknown).
-            ended = os.path.exists(os.path.join(closed, f"rank.{rank}.ended"))
-            out[rank] = {"rank": rank, "returncode": 0, "ended": True, "in_finalize": True} if ended else None
+    out = {rank: _read_record(closed, rank, False) for rank in range(nprocs)}
+    # Ranks started during the run (growing the elastic world back), by their number.
+    started = set()
+    for entry in os.listdir(closed):
+        parts = entry.split(".")
+        if parts[0] == "joined" and len(parts) == 3 and parts[1].isdigit() and parts[2] in ("json", "ended"):
+            started.add(int(parts[1]))
+    for rank in sorted(started):
+        record = _read_record(closed, rank, True)
+        out[rank] = record if record is not None else {"rank": rank, "returncode": -9, "joined": True,
+                                                       "ended": False}
     shutil.rmtree(closed, ignore_errors=True)
     return out
+
+
+def _read_record(closed: str, rank: int, joined: bool) -> dict | None:
+    try:
+        with open(status_path(closed, rank, joined)) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        # No record, but the program ended (its marker is there): it was killed while MPI
+        # finalized, which Open MPI does after a failure now and then (its status is unknown).
+        ended = os.path.exists(os.path.join(closed, f"{'joined' if joined else 'rank'}.{rank}.ended"))
+        if not ended:
+            return None
+        return {"rank": rank, "returncode": 0, "ended": True, "in_finalize": True, **({"joined": True} if joined else {})}
 
 
 def describe(record: dict | None) -> str:
@@ -216,9 +252,12 @@ def verdict(records: dict[int, dict | None], min_np: int) -> tuple[bool, str]:
     def named(ranks):
         return ", ".join(f"rank {r} ({describe(records[r])})" for r in ranks)
 
+    started = [r for r, rec in records.items() if rec is not None and rec.get("joined")]
     text = f"{len(finished)} of {len(records)} ranks finished"
     if lost:
         text += f"; lost {named(lost)}"
+    if started:
+        text += f"; started {named(started)}"
     if failed:
         return False, f"{text}; failed {named(failed)}: a rank that ends with an error fails the job"
     if len(finished) < min_np:
@@ -228,12 +267,15 @@ def verdict(records: dict[int, dict | None], min_np: int) -> tuple[bool, str]:
 
 def main(argv: list[str] | None = None) -> None:
     program = list(sys.argv[1:] if argv is None else argv)
+    first_member = None
+    if len(program) >= 2 and program[0] == "--member":  # started by a grow (hvd_partial.engine.growth)
+        first_member, program = int(program[1]), program[2:]
     if program and program[0] == "--":
         program = program[1:]
     if not program:
         sys.stderr.write("usage: rank_status.py PROGRAM [ARGS...]\n")
         os._exit(2)
-    _exit_like(wrap(program))
+    _exit_like(wrap(program, first_member))
 
 
 if __name__ == "__main__":

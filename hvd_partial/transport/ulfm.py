@@ -3,9 +3,9 @@ the MPI in use has it, tell a process failure from other MPI errors, agree on
 who failed and shrink a communicator to the survivors, and grow one again with
 spawned processes.
 
-Foundation only: nothing here is called by the engine yet (a dead rank still
-ends an hvd_partial job). Every function is a plain blocking MPI call
-sequence, made on the calling thread; no threads, no engine.
+The engine's recovery (:mod:`hvd_partial.engine.recovery`) and growth
+(:mod:`hvd_partial.engine.growth`) call these. Every function is a plain
+blocking MPI call sequence, made on the calling thread; no threads, no engine.
 
 Only Open MPI 5 provides this, and only when the job is launched with
 ``mpirun --with-ft ulfm --mca btl tcp,self`` (see :func:`ulfm_support`).
@@ -387,12 +387,24 @@ def _shrink_round(comm, round_no: int):
 
 # ----- grow -----------------------------------------------------------------------------
 
-def grow(comm, command: Sequence[str], count: int, *, info=None, root: int = 0) -> MPI.Intracomm:
+@dataclass(frozen=True, eq=False)
+class Grown:
+    """What :func:`spawn_and_merge` and :func:`join_parent_link` return: ``comm``, the
+    merged communicator (``ERRORS_RETURN`` set), and ``link``, the intercommunicator
+    between the parents and the processes started. Keep ``link`` until the end and
+    :func:`disconnect` it then: Open MPI 5.0 crashes in ``MPI_Finalize`` (and its launcher
+    hangs) when a process spawned or was spawned and the link was freed, not disconnected."""
+
+    comm: MPI.Intracomm
+    link: MPI.Intercomm
+
+
+def spawn_and_merge(comm, command: Sequence[str], count: int, *, info=None, root: int = 0) -> Grown:
     """Start ``count`` processes running ``command`` (program, then its
     arguments) and merge them into one communicator with ``comm``'s ranks,
     the new ranks after the old (``comm``'s rank r keeps rank r). Collective
-    over ``comm``; each new process calls :func:`join_parent`. The merged
-    communicator has ``ERRORS_RETURN``; ``comm`` is left as it was.
+    over ``comm``; each new process calls :func:`join_parent_link` (or
+    :func:`join_parent`). ``comm`` is left as it was.
 
     Raises :class:`RecoveryError` when MPI cannot start them all."""
     command = [str(c) for c in command]
@@ -414,16 +426,23 @@ def grow(comm, command: Sequence[str], count: int, *, info=None, root: int = 0) 
         merged = inter.Merge(high=False)
         merged.Set_errhandler(MPI.ERRORS_RETURN)
     except MPI.Exception as err:
-        raise RecoveryError(f"grow: could not merge the new process(es): {err.Get_error_string()}") from err
-    finally:
         _free(inter)
+        raise RecoveryError(f"grow: could not merge the new process(es): {err.Get_error_string()}") from err
     log.debug("ulfm grow: %d -> %d ranks", comm.Get_size(), merged.Get_size())
-    return merged
+    return Grown(merged, inter)
 
 
-def join_parent() -> MPI.Intracomm:
-    """In a process started by :func:`grow`: the merged communicator (this
-    process's ranks after its parents'), ``ERRORS_RETURN`` set."""
+def grow(comm, command: Sequence[str], count: int, *, info=None, root: int = 0) -> MPI.Intracomm:
+    """:func:`spawn_and_merge`, keeping only the merged communicator (the link is
+    freed: for processes that end with ``os._exit``)."""
+    grown = spawn_and_merge(comm, command, count, info=info, root=root)
+    _free(grown.link)
+    return grown.comm
+
+
+def join_parent_link() -> Grown:
+    """In a process started by :func:`spawn_and_merge`: the merged communicator (this
+    process's ranks after its parents') and the link to the parents."""
     parent = MPI.Comm.Get_parent()
     if parent == MPI.COMM_NULL:
         raise RecoveryError("join_parent: this process was not started by grow() (it has no parent communicator)")
@@ -433,6 +452,25 @@ def join_parent() -> MPI.Intracomm:
         merged.Set_errhandler(MPI.ERRORS_RETURN)
     except MPI.Exception as err:
         raise RecoveryError(f"join_parent: could not merge with the parent job: {err.Get_error_string()}") from err
-    finally:
-        _free(parent)
-    return merged
+    return Grown(merged, parent)
+
+
+def has_parent() -> bool:
+    """Whether this process was started by another job's ``Spawn`` (a joining rank)."""
+    return MPI.Comm.Get_parent() != MPI.COMM_NULL
+
+
+def disconnect(link) -> None:
+    """Disconnect a :class:`Grown` link (collective over both sides); errors are logged."""
+    try:
+        link.Disconnect()
+    except MPI.Exception as err:
+        log.debug("disconnecting a grow link failed: %s", err.Get_error_string())
+
+
+def join_parent() -> MPI.Intracomm:
+    """In a process started by :func:`grow`: the merged communicator (this
+    process's ranks after its parents'), ``ERRORS_RETURN`` set."""
+    grown = join_parent_link()
+    _free(grown.link)
+    return grown.comm

@@ -65,8 +65,8 @@ def test_elastic_command_line_for_open_mpi(tmp_path, monkeypatch):
         ft = launcher.index("--with-ft")
         assert launcher[ft:ft + 5] == ["--with-ft", "ulfm", "--mca", "btl", "tcp,self"]
         exported = {cmd[i + 1] for i, word in enumerate(cmd) if word == "-x"}
-        assert exported == {"HVD_PARTIAL_ELASTIC", rank_status.STATUS_DIR_ENV}
-        assert env["HVD_PARTIAL_ELASTIC"] == "1"
+        assert exported == {"HVD_PARTIAL_ELASTIC", "HVD_PARTIAL_MIN_NP", rank_status.STATUS_DIR_ENV}
+        assert env["HVD_PARTIAL_ELASTIC"] == "1" and env["HVD_PARTIAL_MIN_NP"] == "2"
         status_dir = env[rank_status.STATUS_DIR_ENV]
         assert os.path.isdir(status_dir) and status_dir in temporary
     finally:
@@ -102,7 +102,12 @@ def test_growth_flags_stay_refused_saying_why(capsys):
                  "--blacklist-cooldown-range"):
         assert cli.main(["-np", "2", flag, "x", "python", "t.py"]) == 2
         err = capsys.readouterr().err
-        assert f"horovodrun's {flag} is not supported" in err and "never starts new ones" in err, err
+        assert f"horovodrun's {flag} is not supported" in err and "following hosts during a run is not built" in err, err
+
+
+def test_max_np_travels_to_the_ranks_so_that_they_grow_back():
+    args = cli.build_parser().parse_args(cli.split_horovod_flags(["-np", "3", "--max-np", "4", "python", "t.py"])[0])
+    assert cli.settings_env(args) == {"HVD_PARTIAL_ELASTIC": "1", "HVD_PARTIAL_MAX_NP": "4"}
 
 
 def test_the_environment_is_restored_after_each_test():
@@ -197,6 +202,21 @@ def test_the_wrapper_passes_signals_on_to_the_program(tmp_path):
     assert json.loads((status / "rank.0.json").read_text())["returncode"] == 7
 
 
+def test_a_rank_started_by_a_grow_records_itself_as_joined_and_can_be_started_again(tmp_path):
+    status = tmp_path / "status"
+    status.mkdir()
+    code = ("import json, os; print(json.dumps([json.loads(os.environ['HVDP_RESPAWN']), "
+            "json.loads(os.environ['HVDP_PROGRAM'])]))")
+    res = run_command([sys.executable, "-I", WRAPPER, "--member", "4", sys.executable, "-c", code], timeout=60,
+                      env={rank_status.STATUS_DIR_ENV: str(status), "OMPI_COMM_WORLD_RANK": "1"})
+    assert res.returncode == 0, res.stderr
+    respawn, program = json.loads(res.stdout)
+    assert respawn == [sys.executable, "-I", WRAPPER] and program == [sys.executable, "-c", code]
+    assert json.loads((status / "joined.5.json").read_text()) == {"rank": 5, "returncode": 0, "ended": False,
+                                                                  "joined": True}  # 4 + its rank among those started
+    assert rank_status.collect(str(status), 2)[5]["joined"]
+
+
 def test_the_wrapper_without_a_status_folder_only_runs_the_program(tmp_path):
     res = run_command([sys.executable, "-I", WRAPPER, sys.executable, "-c", "raise SystemExit(4)"], timeout=60)
     assert res.returncode == 4 and res.stderr == ""
@@ -215,6 +235,8 @@ def rec(rank, code, ended=True):
     ({0: rec(0, 0), 1: rec(1, 1, ended=False), 2: rec(2, 0)}, 3, False, ["fewer than --min-np 3", "lost rank 1"]),
     ({0: rec(0, 0), 1: rec(1, 2), 2: rec(2, 0)}, 1, False, ["failed rank 1 (exit 2)", "ends with an error"]),
     ({0: None, 1: None}, 1, False, ["0 of 2 ranks finished", "fewer than --min-np 1"]),
+    ({0: rec(0, 0), 1: rec(1, 1, ended=False), 2: rec(2, 0), 3: {**rec(3, 0), "joined": True}}, 3, True,
+     ["3 of 4 ranks finished; lost rank 1 (exit 1 mid-run); started rank 3 (exit 0)"]),
 ])
 def test_verdict(records, min_np, ok, words):
     got, line = rank_status.verdict(records, min_np)

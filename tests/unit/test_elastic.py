@@ -109,6 +109,38 @@ def test_a_change_acknowledged_elsewhere_raises_hosts_updated_with_skip_sync(wor
     state.check_host_updates()  # seen now: no second interrupt
 
 
+def test_a_grow_at_the_check_raises_hosts_updated_that_syncs_the_new_ranks(world):
+    grows = []
+
+    def grow():
+        if world.current.size < 4:
+            world.current = world.current.grown(4 - world.current.size)
+            world.acknowledge()
+            grows.append(world.current)
+            return 1
+        return 0
+
+    collectives = ElasticCollectives(world.broadcast, world.allgather, lambda: world.current, world.acknowledge, grow)
+    state = ObjectState(collectives, batch=0)
+    state.commit()  # the world has max_np ranks: nothing to grow
+    world.shrink()
+    world.acknowledge()
+    with pytest.raises(HostsUpdatedInterrupt) as caught:
+        state.commit()  # below: the grow starts one rank, whose sync needs the state
+    assert caught.value.skip_sync is False and "1 rank(s) joined" in str(caught.value)
+    assert grows[0].size == 4 and grows[0].joined == (4,) and grows[0].members == (0, 2, 3, 4)
+    state.commit()  # grown and seen: no second interrupt
+
+
+def test_a_grown_world_numbers_new_ranks_after_every_earlier_one():
+    world = World.initial(2, 4).shrunk((1,), 1).grown(2)
+    assert (world.version, world.rank, world.size, world.original_rank) == (2, 1, 5, 2)
+    assert world.members == (0, 2, 3, 4, 5) and world.lost == (1,) and world.joined == (4, 5)
+    new = world.as_rank(4)
+    assert (new.rank, new.original_rank, new.members) == (4, 5, world.members)
+    assert world.shrunk((0,), 0).joined == (4, 5)  # a later failure keeps who joined
+
+
 # ----- run -----------------------------------------------------------------------------------
 
 class RecordingState(ObjectState):

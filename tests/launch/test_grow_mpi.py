@@ -1,0 +1,60 @@
+"""Growing the elastic world back: ``hvd-partial-run --elastic -np 3 --max-np 3``
+(Open MPI 5 with ULFM; skipped elsewhere, as the other elastic tests are).
+
+The worker (tests/workers/elastic_grow.py) trains a numpy state in
+``hvd.elastic.run`` with a solo stream; rank 1 dies by ``os._exit`` at its 5th
+launched round (a named fault point, no timing). The survivors go on with 2
+ranks, and at a later commit they start a new process running the same
+script, which joins in ``init``: training finishes on 3 ranks. Every rank that
+ends reports its world and a digest of its weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from launch.procs import assert_no_leftovers, token
+from mpi_run import ROOT, WORKERS, run_job
+
+pytestmark = pytest.mark.mpi
+
+STEPS = 12
+
+
+def test_a_dead_rank_is_replaced_and_training_ends_on_three(ulfm):
+    word = token()
+    out_dir = tempfile.mkdtemp(prefix=f"{word}-")
+    cmd = [sys.executable, "-m", "hvd_partial.launch.cli", "--elastic", "-np", "3", "--max-np", "3",
+           sys.executable, str(WORKERS / "elastic_grow.py"), word, "1", "5", str(STEPS)]
+    env = dict(os.environ, HVD_TEST_OUT=out_dir, PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}", PYTHONUNBUFFERED="1")
+    try:
+        code, stdout, stderr, timed_out = run_job(cmd, env, timeout=240)  # kills the whole job on timeout
+        reports = {int(p.name.split(".")[1]): json.loads(p.read_text()) for p in Path(out_dir).glob("member.*.json")}
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    output = stdout + stderr
+    assert not timed_out, output[-6000:]
+    assert code == 0, output[-6000:]
+    # the launcher names the rank lost and the rank started
+    assert "elastic job: 3 of 4 ranks finished; lost rank 1 (exit 1 mid-run); started rank 3 (exit 0)" in stderr, \
+        stderr[-3000:]
+    assert sorted(reports) == [0, 2, 3], (sorted(reports), output[-6000:])
+    for member, rep in reports.items():
+        assert rep["size"] == 3 and rep["version"] == 2, rep
+        assert rep["lost"] == [1] and rep["joined"] == [3] and rep["members"] == [0, 2, 3], rep
+        assert rep["step"] == STEPS, rep
+        assert rep["new_rank_contributed"], rep  # rounds after the grow summed the new rank's posts
+        assert rep["is_new"] == (member == 3), rep
+        grow = rep["grows"][0]
+        assert (grow["before"], grow["after"], grow["started"]) == (2, 3, [3]), grow
+    assert len({rep["digest"] for rep in reports.values()}) == 1, reports  # bitwise identical weights
+    assert reports[3]["sizes"] == [3], reports[3]  # the new rank took rounds of the grown world only
+    assert reports[0]["sizes"] == [2, 3] and reports[0]["resets"] == 2, reports[0]  # the kill, then the grow
+    assert_no_leftovers(word)
