@@ -486,18 +486,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _apply_parked_rounds(self) -> None:
         """This rank waited in a call that needs every rank (``hvd.allreduce``,
-        ``barrier``, ``join``, another stream's flush), holding nobody back:
-        apply the rounds completed meanwhile now, so that the next gradient is
-        computed on a model that has them. Between ``synchronize()`` and
-        ``step()`` they join the next step's rounds instead."""
+        ``barrier``, ``join``, another stream's flush), holding nobody back: take
+        the rounds completed meanwhile. Under ``torch.no_grad()`` (evaluation)
+        apply them now, so that the model has them. With autograd on, a
+        forward pass's graph may still need the parameters as they are (Horovod's
+        ImageNet example allreduces a metric between forward and backward), and
+        between ``synchronize()`` and ``step()`` rounds are loaded for ``step()``:
+        there they are applied at the next ``step()``, before its own rounds."""
         if self._busy or not self._posted:
             return
-        results = _core.take(self._name)
-        if not results:
+        self._parked_rounds.extend(_core.take(self._name))
+        if not self._parked_rounds or self._synchronized or torch.is_grad_enabled():
             return
-        if self._synchronized:  # rounds are loaded for step(): apply these after them, at the next step
-            self._parked_rounds.extend(results)
-            return
+        results, self._parked_rounds = self._parked_rounds, []
         params = self._grads.params
         grads = [p.grad for p in params]  # the user's local gradients stay as they were
         try:
