@@ -266,7 +266,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         ``closure`` (optional) is called once first, with grad enabled, to
         compute the gradients; its value is returned.
         """
-        self._refuse_grad_scaler()
+        refuse_grad_scaler(self)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -325,7 +325,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         try:
             results = _core.synchronize(handle)
         except MismatchError as err:
-            raise self._explain_mismatch(err) from err
+            raise explain_mismatch(self._grads, self._name, err) from err
         results = self._parked_rounds + results
         self._parked_rounds = []
         self._grads.reduce_sparse(self._op)
@@ -380,7 +380,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         try:
             results = _core.flush(self._name)
         except MismatchError as err:
-            raise self._explain_mismatch(err) from err
+            raise explain_mismatch(self._grads, self._name, err) from err
         finally:
             self._busy = False
         results = self._parked_rounds + results
@@ -522,8 +522,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 f"rank {rank_label()}: p.grad was changed between synchronize() and step(), but this rank took "
                 f"{applicable} rounds at once (solo/majority) and the change could apply to only one of them; "
                 "the replicas would diverge. Use optimizer.register_step_pre_hook(...) for per-round clipping")
-        if not any(r.has_data for r in queue):
-            self._take_all(queue)
+        if not any(r.has_data for r in queue):  # nobody contributed (a sync flush round): taken, not applied
+            self._taken = take_all(queue, self._taken)
             return
         local = self._carried.read()  # this rank's own values: back in param_groups after the rounds
         try:
@@ -536,7 +536,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     continue
                 if loaded is None or result.round != loaded[0]:
                     self._grads.load(result, self._ctxs)
-                applied = self._round_hyperparameters(result)
+                applied = self._carried.of_round(result, self._op is ReduceOp.AVERAGE)
                 self._carried.write(applied)
                 self._inner.step()
                 self._updates += 1
@@ -545,31 +545,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     local = [a if a != b else old for a, b, old in zip(after, applied, local)]
         finally:
             self._carried.write(local)
-
-    def _take_all(self, queue) -> None:
-        """Rounds nobody contributed to (a sync flush round): taken, not applied."""
-        while queue:
-            self._taken = queue.popleft().round + 1
-
-    def _round_hyperparameters(self, result: RoundResult) -> list[float]:
-        """The hyperparameters of ``result``'s round: the values its posts agree on, else their mean."""
-        scale = (result.world_size or 1) if self._op is ReduceOp.AVERAGE else 1
-        values = self._carried.decode(result.arrays[-1], scale)
-        if values is None:  # a round with data carries at least one post's values
-            raise HvdPartialError(f"stream {self._name!r}: round {result.round} has data but no hyperparameters")
-        return values
-
-    def _refuse_grad_scaler(self) -> None:
-        """torch.amp.GradScaler.step() in solo or majority (see ``_step_supports_amp_scaling``)."""
-        if "grad_scale" in self.__dict__ or "found_inf" in self.__dict__:
-            self.__dict__.pop("grad_scale", None)
-            self.__dict__.pop("found_inf", None)
-            raise UnsupportedInputError(
-                f"rank {rank_label()}: torch.amp.GradScaler with DistributedOptimizer in {self._mode.kind} mode: each "
-                "rank's loss scale and its decision to skip a step on inf/nan would differ, so posts scaled "
-                "differently would be summed and the replicas would diverge. Use mode=hvd.Sync() with Horovod's "
-                "pattern (synchronize(), scaler.unscale_(opt), then 'with opt.skip_synchronize(): "
-                "scaler.step(opt)'), or train without loss scaling (bfloat16 autocast needs none)")
 
     def _drop_skipped_rounds(self) -> None:
         """A backward pass after ``synchronize()`` without ``step()``: the step was skipped.
@@ -585,34 +560,56 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 f"{self._mode.kind} mode. Call 'with optimizer.skip_synchronize(): optimizer.step()' first")
         log.debug("rank %s: %s: round(s) %s were not stepped (GradScaler skipped them?): dropped on every rank",
                   rank_label(), self._name, [r.round for r in self.last_results])
-        self._take_all(self._queue)
+        self._taken = take_all(self._queue, self._taken)
         self._loaded = None
         self._synchronized = False
 
-    def _explain_mismatch(self, err: MismatchError) -> MismatchError:
-        """Every rank got ``err`` (the stream was rejected everywhere): compare the
-        parameters across ranks to say which one differs."""
-        mine = self._grads.describe()
-        try:
-            everyone = _core.allgather_object(mine)
-        except HvdPartialError:
-            return err
-        problems = []
-        for rank, theirs in enumerate(everyone):
-            if rank == 0 or theirs == everyone[0]:
-                continue
-            if len(theirs) != len(everyone[0]):
-                problems.append(f"rank {rank} has {len(theirs)} parameters with gradients, rank 0 has "
-                                f"{len(everyone[0])}")
-                continue
-            for a, b in zip(theirs, everyone[0]):
-                if a != b:
-                    problems.append(f"rank {rank} has parameter {a[0]!r} {a[1]} {a[2]} where rank 0 has "
-                                    f"{b[0]!r} {b[1]} {b[2]}")
-                    break
-        if not problems:
-            return err
-        return MismatchError(f"rank {rank_label()}: DistributedOptimizer stream {self._name!r}: the model differs across "
-                             f"ranks: {'; '.join(problems)}. Every rank must wrap the same parameters "
-                             f"(same order, shapes and dtypes)")
 
+def explain_mismatch(grads: ParameterGradients, stream: str, err: MismatchError) -> MismatchError:
+    """Every rank got ``err`` (the stream was rejected everywhere): compare the
+    parameters across ranks to say which one differs."""
+    mine = grads.describe()
+    try:
+        everyone = _core.allgather_object(mine)
+    except HvdPartialError:
+        return err
+    problems = []
+    for rank, theirs in enumerate(everyone):
+        if rank == 0 or theirs == everyone[0]:
+            continue
+        if len(theirs) != len(everyone[0]):
+            problems.append(f"rank {rank} has {len(theirs)} parameters with gradients, rank 0 has "
+                            f"{len(everyone[0])}")
+            continue
+        for a, b in zip(theirs, everyone[0]):
+            if a != b:
+                problems.append(f"rank {rank} has parameter {a[0]!r} {a[1]} {a[2]} where rank 0 has "
+                                f"{b[0]!r} {b[1]} {b[2]}")
+                break
+    if not problems:
+        return err
+    return MismatchError(f"rank {rank_label()}: DistributedOptimizer stream {stream!r}: the model differs across "
+                         f"ranks: {'; '.join(problems)}. Every rank must wrap the same parameters "
+                         f"(same order, shapes and dtypes)")
+
+
+def take_all(queue, taken: int) -> int:
+    """Take the rounds of ``queue`` without applying them; the taken count after them."""
+    while queue:
+        taken = queue.popleft().round + 1
+    return taken
+
+
+def refuse_grad_scaler(optimizer: DistributedOptimizer) -> None:
+    """``torch.amp.GradScaler.step()`` in solo or majority: it set ``grad_scale`` and
+    ``found_inf`` on the optimizer before calling ``step()`` (see ``_step_supports_amp_scaling``)."""
+    if "grad_scale" not in optimizer.__dict__ and "found_inf" not in optimizer.__dict__:
+        return
+    optimizer.__dict__.pop("grad_scale", None)
+    optimizer.__dict__.pop("found_inf", None)
+    raise UnsupportedInputError(
+        f"rank {rank_label()}: torch.amp.GradScaler with DistributedOptimizer in {optimizer.mode.kind} mode: each "
+        "rank's loss scale and its decision to skip a step on inf/nan would differ, so posts scaled "
+        "differently would be summed and the replicas would diverge. Use mode=hvd.Sync() with Horovod's "
+        "pattern (synchronize(), scaler.unscale_(opt), then 'with opt.skip_synchronize(): "
+        "scaler.step(opt)'), or train without loss scaling (bfloat16 autocast needs none)")

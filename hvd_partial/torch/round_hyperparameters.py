@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import UnsupportedInputError
+from ..errors import EngineError, UnsupportedInputError
 
 PIECES = 4  # 16-bit pieces of a float64
 PER_VALUE = 1 + 2 * PIECES
@@ -158,6 +158,14 @@ class RoundHyperparameters:
             else:  # the posts disagree: their mean (the same float ops on every rank)
                 out.append(float(summed[base]) / float(summed[0]))
         return out
+
+    def of_round(self, result, average: bool) -> list[float]:
+        """The values of ``result``'s round (a round with data: at least one post carried them);
+        ``average``: the stream divides sums by the world size."""
+        values = self.decode(result.arrays[-1], (result.world_size or 1) if average else 1)
+        if values is None:
+            raise EngineError(f"round {result.round} has data but no post's hyperparameters")
+        return values
 
     def write(self, values: list[float]) -> None:
         """Set the param groups to ``values`` (as :meth:`read` flattens them)."""

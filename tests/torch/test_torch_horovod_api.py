@@ -1,8 +1,8 @@
 """Horovod's torch API, from Horovod's documented behaviour, on 2 and 3 ranks:
 flags, integer average, every tensor collective, mismatches raising on every
 rank within a time bound (never a hang), broadcast of optimizer state without
-gradients, Horovod's optimizer arguments and warning, per-local-step
-hyperparameters refused in solo, SyncBatchNorm, join, elastic and process
+gradients, Horovod's optimizer arguments and warning, learning rates set
+per local step in solo and sync, SyncBatchNorm, join, elastic and process
 sets refused clearly, and init/shutdown/init."""
 
 from __future__ import annotations
