@@ -133,11 +133,10 @@ def main(argv=None) -> int:
                                    named_parameters=model.named_parameters(), mode=mode,
                                    max_staleness=args.max_staleness)
     rounds_per_epoch = math.ceil(len(y_train) / (args.batch_size * size))
-    # Stepped once per epoch, right after the flush, where every rank holds the
-    # same rounds: the learning rate stays identical on every rank. (Never step
-    # a schedule per local step in solo or majority mode; per-round schedules
-    # go through opt.attach_lr_scheduler, see docs/pytorch.md.)
-    decay = torch.optim.lr_scheduler.LambdaLR(opt.optimizer, lambda epoch: 1.0 / (1.0 + epoch / 4.0))
+    # Built on the wrapper, as with Horovod, and stepped once per epoch. (Stepped
+    # per local step it would work too in every mode: each round carries the
+    # hyperparameters of the posts summed in it, see docs/pytorch.md.)
+    decay = torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 1.0 / (1.0 + epoch / 4.0))
     hvd.broadcast_optimizer_state(opt, root_rank=0)
 
     shard = Shard(x_train, y_train, rank, size, args.batch_size, args.seed)

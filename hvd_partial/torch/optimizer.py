@@ -1,10 +1,13 @@
 """``DistributedOptimizer``: Horovod's optimizer wrapper on partial collectives.
 
-The wrapper holds the user's optimizer (composition, no subclassing). Each
-``step()`` posts this rank's gradients as one fused stream and applies every
-round it takes, in round order, through the wrapped optimizer: a rank that was
-behind makes k update steps at once (no forward or backward), so parameters
-and optimizer state stay bitwise identical on every rank.
+The wrapper is a ``torch.optim.Optimizer`` (so LR schedulers, ``swa_utils`` and
+``GradScaler`` accept it) that holds the user's optimizer and shares its
+``param_groups`` and ``state``. Each ``step()`` posts this rank's gradients,
+with its hyperparameters, as one fused stream and applies every round it
+takes, in round order, through the wrapped optimizer, with the round's
+hyperparameters: a rank that was behind makes k update steps at once (no
+forward or backward), so parameters and optimizer state stay bitwise
+identical on every rank.
 
 Example::
 
@@ -39,6 +42,7 @@ from ..errors import ConfigError, HvdPartialError, MismatchError, UnsupportedInp
 from ..modes import Mode, ReduceOp
 from .compression import Compression
 from .parameter_grads import ParameterGradients, rank_label
+from .round_hyperparameters import RoundHyperparameters
 
 log = logging.getLogger("hvd_partial.torch")
 
@@ -79,7 +83,7 @@ class _PassCounter:
         self.counts.clear()
 
 
-class DistributedOptimizer:
+class DistributedOptimizer(torch.optim.Optimizer):
     """Wrap ``optimizer`` so that ``step()`` reduces gradients across ranks with
     a partial (or synchronous) allreduce and applies every round's result.
 
@@ -112,6 +116,14 @@ class DistributedOptimizer:
     Parameters with ``requires_grad=False`` when wrapped are left out. A
     parameter without a gradient in a step contributes zeros (as in Horovod),
     since other ranks may have one, and receives the reduced value.
+
+    The wrapper is a ``torch.optim.Optimizer`` sharing the wrapped one's
+    ``param_groups`` and ``state``: build LR schedulers (any of
+    ``torch.optim.lr_scheduler``, ``swa_utils.SWALR``) on it and step them when
+    you like. Every numeric scalar of ``param_groups`` travels with the post,
+    and each round is applied with the values its posts agree on (their mean
+    where they differ), the same on every rank; after ``step()`` the param
+    groups hold this rank's own values again.
 
     Example::
 
@@ -176,7 +188,7 @@ class DistributedOptimizer:
         self._round_base = 0  # rounds taken before a checkpoint was loaded
         self._updates = 0
         self._loaded: tuple | None = None  # (round, [(id, version) of each grad]) after synchronize()
-        self._hyper: list | None = None  # hyperparameters as the last step left them (solo, majority)
+        self._carried = RoundHyperparameters(optimizer)  # the param groups' scalars, posted with the gradients
         self._busy = False  # in step(), synchronize() or flush(): rounds taken after a collective wait for it
         self._listening_to = None  # the engine whose unpark listener applies rounds completed while parked
         self._parked_rounds: list[RoundResult] = []  # ... taken between synchronize() and step()
@@ -198,7 +210,7 @@ class DistributedOptimizer:
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
-        """The wrapped optimizer (build LR schedulers on it, see ``attach_lr_scheduler``)."""
+        """The wrapped optimizer (it shares ``param_groups`` and ``state`` with this wrapper)."""
         return self._inner
 
     @property
@@ -212,6 +224,12 @@ class DistributedOptimizer:
     @property
     def defaults(self):
         return self._inner.defaults
+
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        # torch.amp.GradScaler.step() reads this: True makes it hand its scale to step() (which
+        # refuses it in solo and majority); False (sync) makes it unscale and skip steps itself.
+        return self._mode.kind != "sync"
 
     @property
     def name(self) -> str:
@@ -248,11 +266,11 @@ class DistributedOptimizer:
         ``closure`` (optional) is called once first, with grad enabled, to
         compute the gradients; its value is returned.
         """
+        refuse_grad_scaler(self)
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._check_hyperparameters()
         if self._synchronized:
             if self._should_sync:
                 # Horovod warns the same way (scripts filter or catch it).
@@ -294,17 +312,20 @@ class DistributedOptimizer:
         Returns the taken rounds' facts (round, initiator, contributors, staleness).
         """
         if self._synchronized:
-            return self.last_results
+            if not self._passes.counts:
+                return self.last_results
+            self._drop_skipped_rounds()
         self._listen_for_unpark()
         self._passes.check()
         self._grads.settle_sparse_layout(self._mode)
         arrays, ctxs = self._grads.pack(self._mode)
+        arrays.append(self._carried.encode())  # last: ParameterGradients.load zips the others with params
         handle = _core.grouped_partial_allreduce_async(arrays, self._name, mode=self._mode, op=self._op,
                                                        max_staleness=self._max_staleness)
         try:
             results = _core.synchronize(handle)
         except MismatchError as err:
-            raise self._explain_mismatch(err) from err
+            raise explain_mismatch(self._grads, self._name, err) from err
         results = self._parked_rounds + results
         self._parked_rounds = []
         self._grads.reduce_sparse(self._op)
@@ -359,7 +380,7 @@ class DistributedOptimizer:
         try:
             results = _core.flush(self._name)
         except MismatchError as err:
-            raise self._explain_mismatch(err) from err
+            raise explain_mismatch(self._grads, self._name, err) from err
         finally:
             self._busy = False
         results = self._parked_rounds + results
@@ -369,7 +390,6 @@ class DistributedOptimizer:
         self._loaded = None
         self._apply_queue()
         self._dirty = False
-        self._hyper = None  # every rank is at the same round: schedules may change hyperparameters here
         return self.last_results
 
     # ===== state =============================================================================
@@ -399,7 +419,6 @@ class DistributedOptimizer:
         state_dict = dict(state_dict)
         extra = state_dict.pop(STATE_KEY, None)
         self._inner.load_state_dict(state_dict)
-        self._hyper = None
         if extra is not None:
             self._round_base = int(extra["rounds"]) - self._taken
             self._updates = int(extra.get("updates", 0))
@@ -425,22 +444,6 @@ class DistributedOptimizer:
     def register_step_post_hook(self, hook):
         """Run ``hook(optimizer, args, kwargs)`` after every applied round."""
         return self._inner.register_step_post_hook(hook)
-
-    def attach_lr_scheduler(self, scheduler):
-        """Step ``scheduler`` once after every applied round, so the learning
-        rate is a function of the round count, identical on every rank.
-
-        Build the scheduler on the wrapped optimizer, ``opt.optimizer``.
-
-        Example::
-
-            sched = torch.optim.lr_scheduler.LambdaLR(opt.optimizer, lambda r: 0.99 ** r)
-            opt.attach_lr_scheduler(sched)  # then never call sched.step() yourself
-        """
-        if getattr(scheduler, "optimizer", None) is not self._inner:
-            raise ValueError("attach_lr_scheduler: build the scheduler on the wrapped optimizer "
-                             "(DistributedOptimizer.optimizer), not on the DistributedOptimizer or another one")
-        return self._inner.register_step_post_hook(lambda *_: scheduler.step())
 
     def stats(self) -> dict:
         """This stream's participation report (see ``hvd_partial.stats``)."""
@@ -483,21 +486,21 @@ class DistributedOptimizer:
 
     def _apply_parked_rounds(self) -> None:
         """This rank waited in a call that needs every rank (``hvd.allreduce``,
-        ``barrier``, ``join``, another stream's flush), holding nobody back:
-        apply the rounds completed meanwhile now, so that the next gradient is
-        computed on a model that has them. Between ``synchronize()`` and
-        ``step()`` they join the next step's rounds instead."""
+        ``barrier``, ``join``, another stream's flush), holding nobody back: take
+        the rounds completed meanwhile. Under ``torch.no_grad()`` (evaluation)
+        apply them now, so that the model has them. With autograd on, a
+        forward pass's graph may still need the parameters as they are (Horovod's
+        ImageNet example allreduces a metric between forward and backward), and
+        between ``synchronize()`` and ``step()`` rounds are loaded for ``step()``:
+        there they are applied at the next ``step()``, before its own rounds."""
         if self._busy or not self._posted:
             return
-        results = _core.take(self._name)
-        if not results:
+        self._parked_rounds.extend(_core.take(self._name))
+        if not self._parked_rounds or self._synchronized or torch.is_grad_enabled():
             return
-        if self._synchronized:  # rounds are loaded for step(): apply these after them, at the next step
-            self._parked_rounds.extend(results)
-            return
+        results, self._parked_rounds = self._parked_rounds, []
         params = self._grads.params
         grads = [p.grad for p in params]  # the user's local gradients stay as they were
-        hyper = self._hyper
         try:
             self._queue = deque(results)
             self._loaded = None
@@ -505,8 +508,6 @@ class DistributedOptimizer:
         finally:
             for p, g in zip(params, grads):
                 p.grad = g
-        if not any(r.has_data for r in results):
-            self._hyper = hyper  # nothing applied: a change of hyperparameters after flush() stays allowed
         self.last_results = [r.facts_only() for r in results]
 
     def _apply_queue(self) -> None:
@@ -521,78 +522,94 @@ class DistributedOptimizer:
                 f"rank {rank_label()}: p.grad was changed between synchronize() and step(), but this rank took "
                 f"{applicable} rounds at once (solo/majority) and the change could apply to only one of them; "
                 "the replicas would diverge. Use optimizer.register_step_pre_hook(...) for per-round clipping")
-        while queue:
-            result = queue.popleft()
-            self._taken = result.round + 1
-            if not result.has_data:
-                # Nobody contributed: applying zeros would still move momentum
-                # and weight decay, which no gradient asked for.
-                continue
-            if loaded is None or result.round != loaded[0]:
-                self._grads.load(result, self._ctxs)
-            self._inner.step()
-            self._updates += 1
-        self._hyper = hyperparameters(self._inner) if self._mode.kind != "sync" else None
-
-    def _check_hyperparameters(self) -> None:
-        """Solo and majority: refuse hyperparameters changed between local
-        steps. Ranks take different numbers of rounds per local step, so a
-        value set per local step (a learning rate from the batch index, a
-        scheduler stepped per local epoch) would apply to different rounds on
-        different ranks and the replicas would diverge silently."""
-        if self._hyper is None:
+        if not any(r.has_data for r in queue):  # nobody contributed (a sync flush round): taken, not applied
+            self._taken = take_all(queue, self._taken)
             return
-        now = hyperparameters(self._inner)
-        if now == self._hyper:
-            return
-        changed = sorted({f"param_groups[{i}].{k}" for i, (a, b) in enumerate(zip(now, self._hyper))
-                          for k in a.keys() | b.keys() if a.get(k) != b.get(k)}) or ["param_groups"]
-        self._hyper = None
-        raise SynchronizationError(
-            f"rank {rank_label()}: {', '.join(changed)} changed between two local steps in {self._mode.kind} mode. Ranks "
-            "take different numbers of rounds per local step, so a value set per local step (from the batch index, "
-            "or a scheduler stepped per local epoch) reaches different rounds on different ranks and the replicas "
-            "diverge. Drive schedules by optimizer.rounds: set them in optimizer.register_step_pre_hook(...) or "
-            "optimizer.attach_lr_scheduler(...), or change them right after optimizer.flush() (every rank is at "
-            "the same round there); or use mode=hvd.Sync()")
-
-    def _explain_mismatch(self, err: MismatchError) -> MismatchError:
-        """Every rank got ``err`` (the stream was rejected everywhere): compare the
-        parameters across ranks to say which one differs."""
-        mine = self._grads.describe()
+        local = self._carried.read()  # this rank's own values: back in param_groups after the rounds
         try:
-            everyone = _core.allgather_object(mine)
-        except HvdPartialError:
-            return err
-        problems = []
-        for rank, theirs in enumerate(everyone):
-            if rank == 0 or theirs == everyone[0]:
-                continue
-            if len(theirs) != len(everyone[0]):
-                problems.append(f"rank {rank} has {len(theirs)} parameters with gradients, rank 0 has "
-                                f"{len(everyone[0])}")
-                continue
-            for a, b in zip(theirs, everyone[0]):
-                if a != b:
-                    problems.append(f"rank {rank} has parameter {a[0]!r} {a[1]} {a[2]} where rank 0 has "
-                                    f"{b[0]!r} {b[1]} {b[2]}")
-                    break
-        if not problems:
-            return err
-        return MismatchError(f"rank {rank_label()}: DistributedOptimizer stream {self._name!r}: the model differs across "
-                             f"ranks: {'; '.join(problems)}. Every rank must wrap the same parameters "
-                             f"(same order, shapes and dtypes)")
+            while queue:
+                result = queue.popleft()
+                self._taken = result.round + 1
+                if not result.has_data:
+                    # Nobody contributed: applying zeros would still move momentum
+                    # and weight decay, which no gradient asked for.
+                    continue
+                if loaded is None or result.round != loaded[0]:
+                    self._grads.load(result, self._ctxs)
+                applied = self._carried.of_round(result, self._op is ReduceOp.AVERAGE)
+                self._carried.write(applied)
+                self._inner.step()
+                self._updates += 1
+                after = self._carried.read()
+                if after != applied:  # a step hook set them (a schedule by rounds): that setting stays
+                    local = [a if a != b else old for a, b, old in zip(after, applied, local)]
+        finally:
+            self._carried.write(local)
+
+    def _drop_skipped_rounds(self) -> None:
+        """A backward pass after ``synchronize()`` without ``step()``: the step was skipped.
+
+        In sync mode every rank took the same one round and skips it alike when
+        the skip depends on the reduced gradient (``GradScaler`` finding inf/nan
+        in it): the round is dropped, as Horovod drops it. In solo and majority
+        the taken rounds must be applied on every rank: refused."""
+        if self._mode.kind != "sync":
+            raise SynchronizationError(
+                f"rank {rank_label()}: a backward pass after synchronize() without step(): the rounds this rank "
+                f"took ({[r.round for r in self.last_results]}) must be applied on every rank in "
+                f"{self._mode.kind} mode. Call 'with optimizer.skip_synchronize(): optimizer.step()' first")
+        log.debug("rank %s: %s: round(s) %s were not stepped (GradScaler skipped them?): dropped on every rank",
+                  rank_label(), self._name, [r.round for r in self.last_results])
+        self._taken = take_all(self._queue, self._taken)
+        self._loaded = None
+        self._synchronized = False
 
 
-def hyperparameters(optimizer) -> list:
-    """The param groups' hyperparameters (everything but the parameters), comparable with ==
-    (a tensor-valued one by its values: an in-place change counts). Runs twice per step: kept lean."""
-    out = []
-    for group in optimizer.param_groups:
-        values = dict(group)  # a C-level copy: cheaper than a filtering comprehension
-        values.pop("params", None)
-        for key, value in values.items():
-            if isinstance(value, torch.Tensor):
-                values[key] = tuple(value.detach().reshape(-1).tolist())  # same keys: safe while iterating
-        out.append(values)
-    return out
+def explain_mismatch(grads: ParameterGradients, stream: str, err: MismatchError) -> MismatchError:
+    """Every rank got ``err`` (the stream was rejected everywhere): compare the
+    parameters across ranks to say which one differs."""
+    mine = grads.describe()
+    try:
+        everyone = _core.allgather_object(mine)
+    except HvdPartialError:
+        return err
+    problems = []
+    for rank, theirs in enumerate(everyone):
+        if rank == 0 or theirs == everyone[0]:
+            continue
+        if len(theirs) != len(everyone[0]):
+            problems.append(f"rank {rank} has {len(theirs)} parameters with gradients, rank 0 has "
+                            f"{len(everyone[0])}")
+            continue
+        for a, b in zip(theirs, everyone[0]):
+            if a != b:
+                problems.append(f"rank {rank} has parameter {a[0]!r} {a[1]} {a[2]} where rank 0 has "
+                                f"{b[0]!r} {b[1]} {b[2]}")
+                break
+    if not problems:
+        return err
+    return MismatchError(f"rank {rank_label()}: DistributedOptimizer stream {stream!r}: the model differs across "
+                         f"ranks: {'; '.join(problems)}. Every rank must wrap the same parameters "
+                         f"(same order, shapes and dtypes)")
+
+
+def take_all(queue, taken: int) -> int:
+    """Take the rounds of ``queue`` without applying them; the taken count after them."""
+    while queue:
+        taken = queue.popleft().round + 1
+    return taken
+
+
+def refuse_grad_scaler(optimizer: DistributedOptimizer) -> None:
+    """``torch.amp.GradScaler.step()`` in solo or majority: it set ``grad_scale`` and
+    ``found_inf`` on the optimizer before calling ``step()`` (see ``_step_supports_amp_scaling``)."""
+    if "grad_scale" not in optimizer.__dict__ and "found_inf" not in optimizer.__dict__:
+        return
+    optimizer.__dict__.pop("grad_scale", None)
+    optimizer.__dict__.pop("found_inf", None)
+    raise UnsupportedInputError(
+        f"rank {rank_label()}: torch.amp.GradScaler with DistributedOptimizer in {optimizer.mode.kind} mode: each "
+        "rank's loss scale and its decision to skip a step on inf/nan would differ, so posts scaled "
+        "differently would be summed and the replicas would diverge. Use mode=hvd.Sync() with Horovod's "
+        "pattern (synchronize(), scaler.unscale_(opt), then 'with opt.skip_synchronize(): "
+        "scaler.step(opt)'), or train without loss scaling (bfloat16 autocast needs none)")

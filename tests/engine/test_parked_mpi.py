@@ -30,7 +30,7 @@ def test_posts_go_on_while_a_rank_waits_in_allreduce(mode, quorum):
 def test_torch_steps_go_on_and_the_parked_rank_applies_them(mode, quorum):
     res = run_mpi("parked_cases.py", 2, "torch_steps", mode, quorum, timeout=120)
     r0, r1 = res.results[0], res.results[1]
-    # Rank 0 applied the rounds completed while it waited before hvd.allreduce returned.
+    # Rank 0 applied the rounds completed while it waited before hvd.allreduce (under no_grad) returned.
     assert r0["rounds_after_allreduce"] > r0["rounds_before"]
     assert r0["rounds"] == r1["rounds"] and r0["digest"] == r1["digest"]
 

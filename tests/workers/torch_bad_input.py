@@ -133,8 +133,6 @@ def main():
     out["bad_passes"] = caught(lambda: hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                                                 backward_passes_per_step=0))
     out["scheduler_on_wrapper"] = caught(lambda: torch.optim.lr_scheduler.StepLR(opt, 1))
-    out["attach_foreign_scheduler"] = caught(lambda: opt.attach_lr_scheduler(
-        torch.optim.lr_scheduler.StepLR(torch.optim.SGD(model.parameters(), lr=0.1), 1)))
 
     phase("unused heads")
     heads = Heads()

@@ -29,8 +29,7 @@ def equivalence(factory, variant="plain", compression=hvd.Compression.none, sche
                                    mode=hvd.Sync(), compression=compression, backward_passes_per_step=passes)
     ref_opt = factory(ref.parameters())
     if schedule:
-        sched = torch.optim.lr_scheduler.LambdaLR(opt.optimizer, lambda n: 0.8 ** n)
-        opt.attach_lr_scheduler(sched)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda n: 0.8 ** n)  # on the wrapper, as in Horovod
         ref_sched = torch.optim.lr_scheduler.LambdaLR(ref_opt, lambda n: 0.8 ** n)
     clipped = 0
     for step in range(STEPS):
@@ -58,6 +57,7 @@ def equivalence(factory, variant="plain", compression=hvd.Compression.none, sche
             clipped += int(norm > clip)
         ref_opt.step()
         if schedule:
+            sched.step()
             ref_sched.step()
     out = {"diff": max_diff(model, ref), "fingerprint": fingerprint(model, opt), "rounds": opt.rounds,
            "updates": opt.updates, "clipped": clipped, "ks": len(opt.last_results)}
