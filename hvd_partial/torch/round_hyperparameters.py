@@ -4,21 +4,12 @@ Each post of a torch ``DistributedOptimizer`` carries, beside its gradients,
 one float64 array describing the numeric scalars of its ``param_groups`` (lr,
 momentum, weight decay, betas, eps, ...) as this rank holds them when it
 posts. The array is summed with the gradients, so every rank reads the same
-sums for every round and derives the same values from them:
-
-- where every post summed in the round holds the same value (bit for bit),
-  that value exactly;
-- otherwise the mean of the posts' values (in float64).
-
-How a value travels: ``[x, c0, c1, c2, c3, c0**2, c1**2, c2**2, c3**2]``,
-where ``c0..c3`` are the four 16-bit pieces of ``x``'s float64 bits, plus
-one leading count (1 per post). The pieces and their squares are small
-integers, so their sums stay exact in float64 even after ``Average``
-divides them by the world size (they are multiplied back and rounded). By
-Cauchy-Schwarz, k posts agree on a piece exactly when ``k * sum(c**2) ==
-sum(c)**2``; the agreed pieces rebuild the bits. Nothing in the array
-depends on the rank or the world size, so posts that wait in a rank's pending
-buffer and are summed together, and worlds that shrink, need no special case.
+sums for every round and derives the same values from them: where every post
+summed in the round holds the same value (bit for bit), that value exactly;
+otherwise the mean of the posts' values (in float64). The encoding is the
+framework-neutral one of :mod:`hvd_partial.core.carried_values` (shared with
+the Keras ``DistributedOptimizer``'s learning rate); this module chooses
+which ``param_groups`` scalars travel and writes the values back.
 
 Example::
 
@@ -36,12 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import EngineError, UnsupportedInputError
-
-PIECES = 4  # 16-bit pieces of a float64
-PER_VALUE = 1 + 2 * PIECES
-# Posts summed in one round for which the pieces' sums stay exact: sum(c**2) < 2**50.
-MAX_POSTS_PER_ROUND = 1 << 18
+from ..core import carried_values
+from ..errors import UnsupportedInputError
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,18 +57,6 @@ def _entry(group: int, key: str, value) -> Entry | None:
     return None  # flags (bool), None, strings: each rank keeps its own
 
 
-def _pieces(x: float) -> list[int]:
-    bits = int(np.float64(x).view(np.uint64))
-    return [(bits >> (16 * i)) & 0xFFFF for i in range(PIECES)]
-
-
-def _from_pieces(pieces) -> float:
-    bits = 0
-    for i, c in enumerate(pieces):
-        bits |= int(c) << (16 * i)
-    return float(np.uint64(bits).view(np.float64))
-
-
 class RoundHyperparameters:
     """Which ``param_groups`` scalars travel with the rounds (fixed at the first
     :meth:`encode`: the stream's layout), and their way to and from the array.
@@ -97,7 +72,7 @@ class RoundHyperparameters:
     @property
     def size(self) -> int:
         """Length of the carried array (count first)."""
-        return 1 + PER_VALUE * sum(e.size for e in self.entries or ())
+        return carried_values.carried_size(sum(e.size for e in self.entries or ()))
 
     def settle(self) -> None:
         """Fix which scalars travel (keys added to a group later stay local)."""
@@ -128,44 +103,19 @@ class RoundHyperparameters:
         return out
 
     def encode(self) -> np.ndarray:
-        """The array this post carries: the count 1, then each value's float, pieces and squares."""
-        values = self.read()
-        out = np.empty(1 + PER_VALUE * len(values), np.float64)
-        out[0] = 1.0
-        for i, x in enumerate(values):
-            pieces = _pieces(x)
-            base = 1 + PER_VALUE * i
-            out[base] = x
-            out[base + 1:base + 1 + PIECES] = pieces
-            out[base + 1 + PIECES:base + PER_VALUE] = [c * c for c in pieces]
-        return out
+        """The array this post carries (see :func:`hvd_partial.core.carried_values.encode`)."""
+        return carried_values.encode(self.read())
 
     def decode(self, summed: np.ndarray, scale: float) -> list[float] | None:
         """The values of a round from its reduced array (``scale``: what the sums
         were divided by, the world size for ``Average``, else 1); ``None`` when no
         post was summed."""
-        count = round(float(summed[0]) * scale)
-        if count <= 0:
-            return None
-        exact = np.rint(summed * scale)  # the pieces' and squares' sums, exact integers
-        out = []
-        for i in range((len(summed) - 1) // PER_VALUE):
-            base = 1 + PER_VALUE * i
-            sums = [int(v) for v in exact[base + 1:base + 1 + PIECES]]
-            squares = [int(v) for v in exact[base + 1 + PIECES:base + PER_VALUE]]
-            if all(count * q == s * s for s, q in zip(sums, squares)):
-                out.append(_from_pieces([s // count for s in sums]))
-            else:  # the posts disagree: their mean (the same float ops on every rank)
-                out.append(float(summed[base]) / float(summed[0]))
-        return out
+        return carried_values.decode(summed, scale)
 
     def of_round(self, result, average: bool) -> list[float]:
         """The values of ``result``'s round (a round with data: at least one post carried them);
         ``average``: the stream divides sums by the world size."""
-        values = self.decode(result.arrays[-1], (result.world_size or 1) if average else 1)
-        if values is None:
-            raise EngineError(f"round {result.round} has data but no post's hyperparameters")
-        return values
+        return carried_values.values_of_round(result, average)
 
     def write(self, values: list[float]) -> None:
         """Set the param groups to ``values`` (as :meth:`read` flattens them)."""
