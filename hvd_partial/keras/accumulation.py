@@ -5,7 +5,7 @@ variables (checkpointed with the optimizer) and posted once every
 
 Example::
 
-    accumulation = GradientAccumulation(exchange, passes_per_post=4, average=False)
+    accumulation = GradientAccumulation(exchange, passes_per_post=4, average=False, carried=rate.local)
     accumulation.track(accumulators, passes)           # variables made in the optimizer's build()
     accumulation.add(grads, variables, model_variables, apply_one)   # in apply(), graph or eager
     accumulation.flush_pending(variables, model_variables, apply_one)  # in flush(), eager
@@ -24,10 +24,13 @@ class GradientAccumulation:
 
     ``accumulators`` (one variable per model variable) and ``passes`` (an
     int32 counter) are the optimizer's variables, given by :meth:`track`.
+    ``carried``: a function giving the values a post carries (graph ops),
+    for a stream that carries any.
     """
 
-    def __init__(self, exchange: GradientExchange, passes_per_post: int, average: bool):
+    def __init__(self, exchange: GradientExchange, passes_per_post: int, average: bool, carried=None):
         self.exchange = exchange
+        self.carried = carried
         self.passes_per_post = passes_per_post
         self.average = average
         self.accumulators: list = []
@@ -78,7 +81,7 @@ class GradientAccumulation:
                 continue
             value = tf.identity(acc.value)
             summed.append(value * tf.cast(scale, value.dtype) if scale is not None else value)
-        rounds = self.exchange.exchange(summed, variables)
+        rounds = self.exchange.exchange(summed, variables, carried=None if self.carried is None else self.carried())
         with tf.control_dependencies(list(rounds.stacked)):
             for acc in accumulators:
                 if acc is not None:

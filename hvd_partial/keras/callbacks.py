@@ -8,7 +8,7 @@ Example::
     callbacks = [
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
         hvd.callbacks.MetricAverageCallback(),
-        hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.1, warmup_rounds=200),
+        hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.1, warmup_epochs=3),
         hvd.callbacks.ParticipationReportCallback(),
     ]
     model.fit(x, y, epochs=5, callbacks=callbacks)
@@ -117,12 +117,6 @@ class FlushCallback(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._dirty = True
-        self.lr_after_step = None  # callbacks may set the rate before the epoch's first step
-
-    def on_train_batch_end(self, batch, logs=None):
-        optimizer = self._optimizer()
-        if optimizer is not None and optimizer.mode.kind != "sync":
-            self.lr_after_step = float(optimizer.learning_rate)
 
     def on_test_begin(self, logs=None):
         # Inside fit, validation runs before on_epoch_end: flush first. A
@@ -141,41 +135,11 @@ class FlushCallback(keras.callbacks.Callback):
             optimizer.fit_flushes_epochs = False
 
 
-class LearningRateGuard(keras.callbacks.Callback):
-    """Last in ``fit``'s callback list (added with the :class:`FlushCallback`):
-    in solo and majority mode, fails if a callback changed the learning rate
-    between two steps of an epoch. Ranks apply a round at different local
-    batches, so a rate set per local batch would make the replicas differ;
-    round-driven callbacks (``LearningRateScheduleCallback``,
-    ``LearningRateWarmupCallback``) set it inside the step instead, and changes
-    at epoch boundaries (after the epoch flush) are fine."""
-
-    def __init__(self, flush: FlushCallback):
-        super().__init__()
-        self._flush = flush
-
-    def on_train_batch_begin(self, batch, logs=None):
-        before = getattr(self._flush, "lr_after_step", None)
-        if before is None:
-            return
-        optimizer = _distributed_optimizer(self.model, "LearningRateGuard", required=False)
-        if optimizer is None or optimizer.mode.kind == "sync":
-            return
-        now = float(optimizer.learning_rate)
-        if now != before:
-            raise ConfigError(
-                f"rank {_core.rank()}: a callback changed the learning rate from {before:g} to {now:g} before batch "
-                f"{batch}, in the middle of an epoch; in {optimizer.mode.kind} mode ranks apply a round at different "
-                "local batches, so the replicas would differ. Use hvd.callbacks.LearningRateScheduleCallback / "
-                "LearningRateWarmupCallback (set per update inside the step), a keras.optimizers.schedules "
-                "schedule, changes at epoch boundaries only, or mode=Sync()")
-
-
 def attach_epoch_flush(callback_list, model) -> None:
-    """Put a :class:`FlushCallback` first and a :class:`LearningRateGuard` last in
-    the callback list ``fit`` builds for ``model``, when its optimizer is a
-    ``DistributedOptimizer`` and the list has no ``FlushCallback`` yet
-    (installed as :mod:`~hvd_partial.keras.fit_hooks`' ``attach``)."""
+    """Put a :class:`FlushCallback` first in the callback list ``fit`` builds
+    for ``model``, when its optimizer is a ``DistributedOptimizer`` and the
+    list has no ``FlushCallback`` yet (installed as
+    :mod:`~hvd_partial.keras.fit_hooks`' ``attach``)."""
     if not isinstance(getattr(model, "optimizer", None), DistributedOptimizer):
         return
     if any(isinstance(cb, FlushCallback) for cb in callback_list.callbacks):
@@ -186,12 +150,6 @@ def attach_epoch_flush(callback_list, model) -> None:
         flush.set_params(callback_list.params)
     # First, so that later callbacks (checkpoints, metric averaging) see flushed weights.
     callback_list.callbacks.insert(0, flush)
-    guard = LearningRateGuard(flush)
-    guard.set_model(model)
-    if getattr(callback_list, "params", None):
-        guard.set_params(callback_list.params)
-    # Last: it sees the rate every other callback left before the step.
-    callback_list.callbacks.append(guard)
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -284,18 +242,16 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     """Horovod's schedule: from ``start_epoch`` until ``end_epoch`` (exclusive),
     the learning rate is ``initial_lr * multiplier(epoch)``; ``multiplier`` is
     a function of the epoch or a number (then ``multiplier ** (epoch -
-    start_epoch)``). With ``staircase=True`` the epoch is fit's epoch number;
-    with ``staircase=False`` it is fractional: ``epoch + u / steps_per_epoch``
-    for the u-th update applied in the epoch.
+    start_epoch)``). With ``staircase=True`` the rate is set at the first
+    batch of each epoch; with ``staircase=False`` at every batch, with the
+    fractional epoch ``epoch + batch / steps_per_epoch``.
 
-    With a ``DistributedOptimizer`` the rate is set inside the train step
-    before each update, from the update count (identical on every rank) and
-    the epoch (the same on every rank, whose updates the epoch flush closes),
-    so a rank catching up several rounds applies them with the same rates as
-    the others: replicas stay identical in every mode. Horovod sets the rate
-    at each local batch instead, which would make partial-mode replicas
-    differ. Horovod's ``momentum_correction`` is accepted and not applied
-    (Keras 3 compiles the momentum into the train step).
+    As in Horovod the rate is this rank's, set per local batch. With a
+    ``DistributedOptimizer`` each post carries the rate its rank held, and
+    every rank applies a round with the same rate (the posts' rate where they
+    agree, else their mean), so replicas stay identical in every mode.
+    Horovod's ``momentum_correction`` is accepted and not applied (Keras 3
+    compiles the momentum into the train step).
 
     Example::
 
@@ -315,41 +271,29 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.steps_per_epoch = steps_per_epoch
         self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier ** (epoch - start_epoch))
         self.current_epoch = None
-        self._epoch_start_update = 0
-        self._optimizer = None
 
-    def rate(self, update: int):
-        """The rate of update ``update`` in the current epoch, or None outside the schedule."""
+    def rate(self, batch: int):
+        """The rate of local batch ``batch`` of the current epoch, or None outside the schedule."""
         epoch = self.current_epoch
         if epoch is None or epoch < self.start_epoch or (self.end_epoch is not None and epoch >= self.end_epoch):
             return None
         if self.staircase:
             return self.initial_lr * self.multiplier(epoch)
-        return self.initial_lr * self.multiplier(epoch + (update - self._epoch_start_update) / self.steps_per_epoch)
+        return self.initial_lr * self.multiplier(epoch + batch / self.steps_per_epoch)
 
     def on_train_begin(self, logs=None):
         if not self.staircase:
             self.steps_per_epoch = _steps_per_epoch(self, self.steps_per_epoch)
-        optimizer = _distributed_optimizer(self.model, type(self).__name__, required=False)
-        if optimizer is not None:
-            optimizer.add_round_lr_rule(self.rate)
-        self._optimizer = optimizer
-
-    def on_train_end(self, logs=None):
-        if self._optimizer is not None:
-            self._optimizer.remove_round_lr_rule(self.rate)
 
     def on_epoch_begin(self, epoch, logs=None):
         self.current_epoch = epoch
-        # After the previous epoch's flush: the same count on every rank.
-        self._epoch_start_update = int(self.model.optimizer.iterations)
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self._optimizer is None:
-            # A plain optimizer: every rank takes one step per batch, as in Horovod.
-            rate = self.rate(int(self.model.optimizer.iterations))
-            if rate is not None:
-                self.model.optimizer.learning_rate = rate
+        if self.staircase and batch != 0:
+            return
+        rate = self.rate(batch)
+        if rate is not None:
+            self.model.optimizer.learning_rate = rate
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
@@ -358,15 +302,14 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
     """Horovod's gradual warmup: over the first ``warmup_epochs`` the rate
-    grows from ``initial_lr / size()`` to ``initial_lr``, update by update
-    (Horovod's formula, with the fractional epoch of
-    :class:`LearningRateScheduleCallback`, so replicas stay identical in
-    every mode).
+    grows from ``initial_lr / size()`` to ``initial_lr``, batch by batch
+    (Horovod's formula, set per local batch as in
+    :class:`LearningRateScheduleCallback`; the rate travels with the rounds).
 
-    hvd_partial's own variant, ``warmup_rounds=n``, is driven by the global
-    update count r alone: update r uses
-    ``initial_lr * (start + (1 - start) * r / n)`` until ``r = n``
-    (``start`` defaults to ``1 / size()``).
+    hvd_partial's own variant, ``warmup_rounds=n``, is driven by the update
+    count r (``optimizer.iterations`` at the batch): the batch's rate is
+    ``initial_lr * (start + (1 - start) * min(r, n) / n)`` until a batch
+    finds ``r >= n`` and sets ``initial_lr`` (``start`` defaults to ``1 / size()``).
 
     Example::
 
@@ -382,7 +325,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
         def multiplier(epoch):
             size = _core.size()
-            epoch += 1.0 / self.steps_per_epoch
+            epoch += 1.0 / self.steps_per_epoch  # the epoch's last batch reaches the round value
             return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
 
         super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs, staircase=False,
@@ -391,24 +334,23 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         self.warmup_rounds = warmup_rounds
         self.start = start
         self.verbose = verbose
+        self.warmup_done = False
 
     def on_train_begin(self, logs=None):
         if self.warmup_rounds is None:
-            return super().on_train_begin(logs)
-        optimizer = _distributed_optimizer(self.model, "LearningRateWarmupCallback(warmup_rounds=...)")
+            super().on_train_begin(logs)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.warmup_rounds is None:
+            super().on_train_batch_begin(batch, logs)
+            return
+        if self.warmup_done:
+            return
         start = 1.0 / _core.size() if self.start is None else float(self.start)
-        initial, span = self.initial_lr, float(self.warmup_rounds)
-
-        def schedule(r):
-            return initial * (start + (1.0 - start) * r / span)
-
-        optimizer.set_round_lr_schedule(schedule, until_round=self.warmup_rounds)
-        self.warmup_rounds_used = self.warmup_rounds
-        self._optimizer = optimizer
-
-    def rate(self, update: int):
-        # warmup_rounds: the rate is set by the optimizer's round schedule alone.
-        return None if self.warmup_rounds is not None else super().rate(update)
+        updates = int(self.model.optimizer.iterations)
+        span = self.warmup_rounds
+        self.model.optimizer.learning_rate = self.initial_lr * (start + (1.0 - start) * min(updates, span) / span)
+        self.warmup_done = updates >= span
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)

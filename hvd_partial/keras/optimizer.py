@@ -6,7 +6,10 @@ inner optimizer). Each ``apply_gradients`` posts this rank's gradients as one
 fused stream and applies every round the post took, oldest first, through the
 inner optimizer: a rank that was behind makes k updates at once (no forward or
 backward pass), so weights and optimizer variables stay identical on every
-rank. This works inside ``model.fit``'s compiled train step and in custom loops.
+rank. Each post also carries this rank's learning rate, and every rank
+applies a round with the same rate (:mod:`.carried_rate`), so rates set per
+local batch keep the replicas identical too. This works inside
+``model.fit``'s compiled train step and in custom loops.
 
 Example::
 
@@ -41,7 +44,7 @@ from ..tensorflow.compression import Compression, Compressor  # noqa: E402
 from ..tensorflow import handoff  # noqa: E402
 from ..tensorflow.exchange import GradientExchange, apply_compiled, graph_builder, rank_label  # noqa: E402
 from .accumulation import GradientAccumulation  # noqa: E402
-from .round_rates import RoundRates  # noqa: E402
+from .carried_rate import CarriedLearningRate  # noqa: E402
 
 log = logging.getLogger("hvd_partial.keras")
 
@@ -103,9 +106,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     ``FlushCallback`` while ``model.fit`` runs, which flushes every epoch).
 
     ``iterations`` is the inner optimizer's: the number of updates applied,
-    identical on every rank, so learning-rate schedules of the inner optimizer
-    are functions of the round count. Call ``flush()`` (collective) before
-    reading weights in a custom loop; ``model.fit`` flushes by itself.
+    identical on every rank after the same rounds. The learning rate travels
+    with the rounds: each post carries the rate the inner optimizer holds
+    then (a ``LearningRateSchedule`` evaluated on ``iterations``), every rank
+    applies round r with the same rate (the posts' rate where they agree bit
+    for bit, else their mean), and ``learning_rate`` reads this rank's own.
+    Call ``flush()`` (collective) before reading weights in a custom loop;
+    ``model.fit`` flushes by itself.
 
     Example::
 
@@ -155,10 +162,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
         #: The stream's :class:`~hvd_partial.tensorflow.GradientExchange` (posts, updates, rounds taken).
         self.exchange = GradientExchange(f"keras.{self.name}", mode, op, compression, max_staleness,
-                                         sparse_as_dense, owner=f"DistributedOptimizer({self.name!r})")
-        self._rates = RoundRates()
+                                         sparse_as_dense, owner=f"DistributedOptimizer({self.name!r})", carries=1)
+        self._rate = CarriedLearningRate(optimizer)
         self._accumulation = GradientAccumulation(self.exchange, backward_passes_per_step,
-                                                  self.average_aggregated_gradients)
+                                                  self.average_aggregated_gradients, self._rate.local)
         # Set through __dict__: Keras would track a list of variables assigned as an
         # attribute as this optimizer's own variables (and save the model's weights with it).
         self.__dict__["model_variables"] = None  # what the optimizer was built with
@@ -202,6 +209,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def last_results(self) -> list:
         """The ``RoundResult``s (facts and arrays) of the latest post or flush."""
         return self.exchange.last_results
+
+    @property
+    def applied_learning_rates(self) -> list:
+        """``(round, learning rate)`` of each update the latest post or flush
+        applied, in order: the same for a round on every rank."""
+        return [(r, values[0]) for r, _, values in self.exchange.last_values]
 
     def stats(self) -> dict:
         """This stream's participation report (see ``hvd_partial.stats()``)."""
@@ -271,18 +284,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     # -- applying --------------------------------------------------------------------
 
-    def set_round_lr_schedule(self, fn, until_round: int) -> None:
-        """Set the inner optimizer's learning rate to ``fn(r)`` before update
-        ``r`` (``r = iterations``, a float32 tensor) while ``r <= until_round``;
-        later updates leave the learning rate alone. Used by
-        ``LearningRateWarmupCallback``; takes effect in functions traced after it.
-
-        Example::
-
-            opt.set_round_lr_schedule(lambda r: 0.1 * tf.minimum(1.0, (r + 1) / 100), until_round=100)
-        """
-        self._rates.set_schedule(self.inner_optimizer, fn, until_round)
-
     @graph_builder
     def apply_gradients(self, grads_and_vars):
         grads, variables = zip(*grads_and_vars)
@@ -314,7 +315,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                     "DistributedGradientTape already reduced; use one of the two (a plain Keras optimizer with the "
                     "tape)")
             if self.backward_passes_per_step == 1:
-                self.exchange.exchange(grads, variables).apply_with(self._apply_one, variables)
+                rounds = self.exchange.exchange(grads, variables, carried=self._rate.local())
+                rounds.apply_with(self._apply_one, variables)
             else:
                 self._accumulation.add(grads, variables, self.model_variables, self._apply_one)
         except tf.errors.OpError as err:
@@ -322,28 +324,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 raise
             self.exchange.reraise(err)
 
-    def add_round_lr_rule(self, rule) -> None:
-        """Before every update, call ``rule(r)`` (``r = iterations``, a Python
-        int) at run time; a float it returns becomes the inner optimizer's
-        learning rate, ``None`` leaves the rate alone. With several rules the
-        last one that returns a rate wins. Rules see the same ``r`` for the same
-        update on every rank, so the rates stay identical; they may read Python
-        state that every rank sets at the same point (an epoch start, after the
-        epoch flush). Used by ``LearningRateScheduleCallback``.
-
-        Example::
-
-            opt.add_round_lr_rule(lambda r: 0.1 if r < 1000 else 0.01)
-        """
-        self._rates.add_rule(self.inner_optimizer, rule)
-
-    def remove_round_lr_rule(self, rule) -> None:
-        """Stop calling ``rule`` (see :meth:`add_round_lr_rule`)."""
-        self._rates.remove_rule(rule)
-
-    def _apply_one(self, grads, variables):
-        self._rates.before_update(self.inner_optimizer)
-        self.inner_optimizer.apply(grads, variables)
+    def _apply_one(self, grads, variables, values):
+        # One round: the inner update with the round's learning rate (values[0]).
+        self._rate.apply_with(values[0], lambda: self.inner_optimizer.apply(grads, variables))
 
     def verify_across_ranks(self, variables=None) -> None:
         """Collective (every rank, eagerly): check that every rank wraps the same

@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvd_partial as _core
+from ..core import carried_values
 from ..errors import ConfigError, EngineError, HvdPartialError, StreamConflictError, UnsupportedInputError
 from ..modes import Mode, ReduceOp
 from . import state
@@ -167,7 +168,10 @@ class RoundGradients:
     ``count`` is k, a scalar tensor (0 is possible: a flush round to which no
     rank contributed is not an update and is left out). ``round(i)`` gives the
     gradients of the i-th round aligned with the sources. In eager mode the
-    object is also a sequence of gradient lists.
+    object is also a sequence of gradient lists. ``values`` is, for a stream
+    whose posts carry scalars (a Keras ``DistributedOptimizer``'s learning
+    rate), a (k, n) float64 tensor: row i holds the values round i is applied
+    with, the same on every rank; ``None`` otherwise.
 
     Example::
 
@@ -177,11 +181,12 @@ class RoundGradients:
             print([g.shape for g in grads if g is not None])
     """
 
-    def __init__(self, plan: GradientPlan | None, stacked: list, sources: list | None = None):
+    def __init__(self, plan: GradientPlan | None, stacked: list, sources: list | None = None, values=None):
         self.plan = plan
         #: Per group of the plan, the rounds' wire gradients: a (k, group size) tensor.
         self.stacked = stacked
         self.sources = sources
+        self.values = values
 
     @property
     def count(self):
@@ -219,7 +224,8 @@ class RoundGradients:
     @graph_builder
     def apply_with(self, update, variables=None):
         """Call ``update(grads, variables)`` once per round, in order, leaving out
-        sources without a gradient. Returns k."""
+        sources without a gradient; ``update(grads, variables, values)`` with the
+        round's carried values (a float64 vector) when the stream carries any. Returns k."""
         if self.plan is None:
             return tf.constant(0, dtype=tf.int32)
         variables = list(variables if variables is not None else (self.sources or []))
@@ -231,7 +237,10 @@ class RoundGradients:
 
         def body(i):
             grads = self.round(i)
-            update([grads[s.index] for s in active_slots], active)
+            if self.values is None:
+                update([grads[s.index] for s in active_slots], active)
+            else:
+                update([grads[s.index] for s in active_slots], active, self.values[i])
             return (i + 1,)
 
         count = self.count
@@ -255,17 +264,22 @@ def apply_compiled(rounds: RoundGradients, update, variables, cache: dict, key) 
     if rounds.plan is None:
         return 0
     plan = rounds.plan
+    carried = rounds.values is not None
     fn = cache.get(key)
     if fn is None or fn[0] is not plan:
         spec = [tf.TensorSpec([None, g.size], tf.as_dtype(g.wire)) for g in plan.groups]
+        if carried:
+            spec.append(tf.TensorSpec([None, rounds.values.shape[1]], tf.float64))
 
         def run(*stacked):
-            return RoundGradients(plan, list(stacked), variables).apply_with(update, variables)
+            stacked = list(stacked)
+            values = stacked.pop() if carried else None
+            return RoundGradients(plan, stacked, variables, values).apply_with(update, variables)
 
         fn = cache[key] = (plan, tf.function(run, input_signature=spec, autograph=False))
     if int(rounds.count) == 0:
         return 0
-    return int(fn[1](*rounds.stacked))
+    return int(fn[1](*rounds.stacked, *([rounds.values] if carried else [])))
 
 
 class GradientExchange:
@@ -273,7 +287,11 @@ class GradientExchange:
 
     ``exchange(grads, sources)`` posts this rank's gradients and returns the
     :class:`RoundGradients` of the rounds taken; ``flush()`` (collective) takes
-    every outstanding round plus a final synchronous one.
+    every outstanding round plus a final synchronous one. With ``carries=n``
+    every post also carries n scalars (``exchange(..., carried=values)``):
+    each round's values are those every post in it held if they agree bit for
+    bit, else their mean (:mod:`hvd_partial.core.carried_values`), the same on
+    every rank, in ``RoundGradients.values`` and :attr:`last_values`.
 
     Example::
 
@@ -284,7 +302,8 @@ class GradientExchange:
 
     def __init__(self, name: str, mode: Mode | None = None, op: ReduceOp = _core.Average,
                  compression: Compressor = Compression.none, max_staleness: int | None = None,
-                 sparse_as_dense: bool = False, owner: str = "gradients", tape_stream: bool = False):
+                 sparse_as_dense: bool = False, owner: str = "gradients", tape_stream: bool = False,
+                 carries: int = 0):
         if not isinstance(name, str) or not name:
             raise TypeError(f"stream name must be a non-empty str, got {name!r}")
         mode = _core.stream_options(mode, op, max_staleness)
@@ -299,6 +318,8 @@ class GradientExchange:
         self.owner = owner
         #: A DistributedGradientTape stream: every post enters it in the session's registry.
         self.tape_stream = tape_stream
+        #: How many scalars every post carries (0: none).
+        self.carries = carries
         self.plan: GradientPlan | None = None
         #: Updates handed out so far (rounds with at least one contributor).
         self.updates = 0
@@ -307,6 +328,8 @@ class GradientExchange:
         self.posts = 0
         #: The facts of the rounds taken by the latest post or flush.
         self.last_results: list = []
+        #: Per round with data taken by the latest post or flush: (round, posts summed, carried values).
+        self.last_values: list = []
         self.last_error: BaseException | None = None
         #: Rounds handed out by DistributedGradientTape.gradient() that must all
         #: be applied before the next post: (init token, k, slots not yet applied); None when none are owed.
@@ -372,25 +395,36 @@ class GradientExchange:
     # -- posting ------------------------------------------------------------------
 
     @graph_builder
-    def exchange(self, grads, sources, handed_out: bool = False) -> RoundGradients:
+    def exchange(self, grads, sources, handed_out: bool = False, carried=None) -> RoundGradients:
         """Post ``grads`` (aligned with ``sources``) and return the rounds taken.
 
         Eagerly this runs at once; inside ``tf.function`` it adds the ops.
         ``handed_out``: the caller returns only the latest round's gradients
         and every round must be applied before the next post (see
         :mod:`hvd_partial.tensorflow.handoff`), which the next post checks.
+        ``carried``: this post's ``carries`` scalars (a float64 vector), for a
+        stream that carries any.
         """
         grads, sources = list(grads), list(sources)
+        if (carried is None) != (self.carries == 0):
+            raise UnsupportedInputError(f"rank {rank_label()}: stream {self.name!r} carries {self.carries} values "
+                                        f"with every post; got {'none' if carried is None else 'some'}")
         plan = self.make_plan(grads, sources)
-        flats = plan.to_wire(grads, self.compression)
+        inputs = plan.to_wire(grads, self.compression)
+        dtypes = [tf.as_dtype(g.wire) for g in plan.groups]
+        if carried is not None:
+            inputs.append(tf.reshape(tf.cast(carried, tf.float64), [self.carries]))
+            dtypes.append(tf.float64)
         post = self._post_and_hand_out if handed_out else self._post_and_take
-        outputs = tf.numpy_function(post, flats, [tf.as_dtype(g.wire) for g in plan.groups],
-                                    stateful=True, name="hvd_partial_post")
-        if not isinstance(outputs, (list, tuple)):
-            outputs = [outputs]
+        outputs = tf.numpy_function(post, inputs, dtypes, stateful=True, name="hvd_partial_post")
+        outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
         for out, group in zip(outputs, plan.groups):
             out.set_shape([None, group.size])
-        return RoundGradients(plan, list(outputs), sources)
+        values = None
+        if carried is not None:
+            values = outputs.pop()
+            values.set_shape([None, self.carries])
+        return RoundGradients(plan, outputs, sources, values)
 
     def flush(self, sources=None) -> RoundGradients:
         """Collective, eager: take every outstanding round and a final
@@ -416,7 +450,8 @@ class GradientExchange:
             return RoundGradients(None, [], sources)
         results = _core.synchronize(handle)
         stacked = [tf.constant(a) for a in self._stack(results)]
-        return RoundGradients(self.plan, stacked, sources)
+        values = stacked.pop() if self.carries else None
+        return RoundGradients(self.plan, stacked, sources, values)
 
     # -- numpy side -----------------------------------------------------------------
 
@@ -450,10 +485,12 @@ class GradientExchange:
             "unchanged to a Keras optimizer's apply_gradients() or apply() (which applies every round), or use "
             "tape.gradient_rounds(loss, variables).apply(optimizer), or mode=Sync()")
 
-    def _post_and_take(self, *flats):
+    def _post_and_take(self, *inputs):
         try:
             self.check_owed()
-            arrays = [np.ascontiguousarray(f) for f in flats]
+            arrays = [np.ascontiguousarray(f) for f in inputs]
+            if self.carries:  # the carried values travel encoded, as the last array
+                arrays[-1] = carried_values.encode([float(v) for v in arrays[-1]])
             handle = _core.grouped_partial_allreduce_async(arrays, self.name, mode=self.mode, op=self.op,
                                                            max_staleness=self.max_staleness)
             tf_state = state.require()
@@ -473,7 +510,8 @@ class GradientExchange:
             raise
 
     def _stack(self, results) -> list:
-        """The results with at least one contributor, stacked per group."""
+        """The results with at least one contributor, stacked per group (then
+        their carried values, a (k, carries) float64 array, for a stream that carries any)."""
         useful = [r for r in results if r.has_data]
         self.rounds_taken += len(results)
         self.updates += len(useful)
@@ -484,6 +522,15 @@ class GradientExchange:
             for i, result in enumerate(useful):
                 stacked[i] = result.arrays[j]
             out.append(stacked)
+        self.last_values = []
+        if self.carries:
+            average = self.op is _core.Average
+            values = np.empty((len(useful), self.carries), np.float64)
+            for i, result in enumerate(useful):
+                values[i] = carried_values.values_of_round(result, average)
+                posts = carried_values.posts_in(result.arrays[-1], carried_values.round_scale(result, average))
+                self.last_values.append((result.round, posts, values[i].tolist()))
+            out.append(values)
         return out
 
     def reraise(self, error: tf.errors.OpError):

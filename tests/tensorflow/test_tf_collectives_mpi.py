@@ -61,13 +61,14 @@ def test_mismatched_allgather_fails_on_every_rank(run):
         assert "shape" in res["collectives"]["mismatch"]
 
 
-def test_round_driven_rate_callbacks_keep_replicas_identical(run):
+def test_per_batch_rate_callbacks_keep_replicas_identical(run):
     digests = {res["schedules"]["digest"] for res in run.values()}
     rates = {res["schedules"]["lr"] for res in run.values()}
     assert len(digests) == 1 and len(rates) == 1, run
 
 
-def test_a_rate_set_per_local_batch_fails_clearly_in_solo(run):
-    for rank, res in run.items():
-        message = res["schedules"]["per_batch"]
-        assert message and f"rank {rank}" in message and "changed the learning rate" in message
+def test_a_rate_set_per_local_batch_by_hand_keeps_replicas_identical_in_solo(run):
+    parts = [res["schedules"]["per_batch"] for res in run.values()]
+    assert len({p["digest"] for p in parts}) == 1, parts
+    for part in parts:  # each rank reads back the rate it set last
+        assert part["lr"] == pytest.approx(0.01 * part["batches"])

@@ -44,6 +44,28 @@ def test_horovod_names_are_exported():
         assert hasattr(hvd_tfk.callbacks, name), name
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("kind", ["float", "schedule", "callable"])
+def test_an_update_uses_the_rounds_learning_rate_and_the_rank_keeps_its_own(kind, compiled):
+    from hvd_partial.keras.carried_rate import CarriedLearningRate
+
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.5, decay_steps=1, decay_rate=0.5)
+    lr = {"float": 0.5, "schedule": schedule, "callable": lambda: 0.5}[kind]
+    inner = keras.optimizers.SGD(lr)
+    var = keras.Variable([1.0])
+    inner.build([var])
+    rate = CarriedLearningRate(inner)
+    assert rate.local().numpy().tolist() == [0.5]  # what a post carries: the rate held now
+
+    def step(value):
+        rate.apply_with(value, lambda: inner.apply([tf.constant([1.0])], [var]))
+
+    (tf.function(step, autograph=False) if compiled else step)(tf.constant(0.125, tf.float64))
+    assert var.numpy().tolist() == [0.875]  # the round's rate, not the rank's
+    own = float(schedule(1)) if kind == "schedule" else 0.5
+    assert float(inner.learning_rate) == own and rate.local().numpy().tolist() == [own]
+
+
 def test_config_round_trip_keeps_every_setting():
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.25, momentum=0.5), mode=hvd.Majority(seed=3, quorum=2),
                                    op=hvd.Sum, compression=hvd.Compression.fp16, backward_passes_per_step=2,

@@ -101,12 +101,12 @@ def test_learning_rate_warmup_follows_the_round_count(features_run):
     for rank, res in features_run.items():
         rates = res["fit"]["rates"]
         assert rates, rank
-        for updates, rate in rates:
-            if updates == 0:
-                continue
-            r = min(updates - 1, warmup)  # the rate set before the latest update
-            assert rate == pytest.approx(lr * (start + (1 - start) * r / warmup), rel=1e-6), (rank, updates)
-        assert rates[-1][0] > warmup and rates[-1][1] == pytest.approx(lr)
+        done = False
+        for updates, rate in rates:  # the rank's own rate, set from the updates applied before the batch
+            expected = lr if done else lr * (start + (1 - start) * min(updates, warmup) / warmup)
+            assert rate == pytest.approx(expected, rel=1e-6), (rank, updates)
+            done = done or updates >= warmup
+        assert done and rates[-1][1] == pytest.approx(lr)
 
 
 def test_participation_report_per_epoch(features_run):

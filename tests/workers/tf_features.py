@@ -23,11 +23,14 @@ WARMUP = 8
 class LearningRates(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()
-        self.seen = []  # (updates applied, learning rate) after each batch
+        self.seen = []  # (updates applied before the batch, learning rate read back after it)
+        self.updates = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.updates = int(self.model.optimizer.iterations)
 
     def on_train_batch_end(self, batch, logs=None):
-        opt = self.model.optimizer
-        self.seen.append((int(opt.iterations), float(opt.learning_rate)))
+        self.seen.append((self.updates, float(self.model.optimizer.learning_rate)))
 
 
 def callbacks_and_saving(rank, size):

@@ -8,5 +8,5 @@ Example::
 """
 
 from ...keras.callbacks import (BestModelCheckpoint, BroadcastGlobalVariablesCallback,  # noqa: F401
-                                FlushCallback, LearningRateGuard, LearningRateScheduleCallback,
+                                FlushCallback, LearningRateScheduleCallback,
                                 LearningRateWarmupCallback, MetricAverageCallback, ParticipationReportCallback)
