@@ -91,7 +91,8 @@ def features_run(tmp_path_factory):
 
 
 def test_metric_average_and_identical_weights_after_fit(features_run):
-    same_on_all_ranks(features_run, lambda r: r["fit"]["history"])
+    # The warm-up's "lr" is each rank's own rate (as in Horovod); the metrics are averaged.
+    same_on_all_ranks(features_run, lambda r: {k: v for k, v in r["fit"]["history"].items() if k != "lr"})
     same_on_all_ranks(features_run, lambda r: r["fit"]["digest"])
 
 
