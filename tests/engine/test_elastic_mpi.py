@@ -1,7 +1,9 @@
 """Elastic training: the engine survives a rank killed for real (``os._exit``
 at a named point of the code), under Open MPI 5 with ULFM (``bash
-ci/test-openmpi``); elsewhere these tests skip. Each kills 1 rank of 4
-(Open MPI 5.0's launcher ends the job once half its processes died).
+ci/test-openmpi``); elsewhere these tests skip. Each kills 1 rank of 4, or 2 of 5
+(Open MPI 5.0's launcher ends the job once half its processes died): during a
+round, a post, the final flush, a stream's registration, a helper collective
+and the recovery from a first failure; rank 0; majority's designated initiator.
 
 What every survivor must see: its own posts each summed exactly once, the
 dead rank's at most once, the same results in round order as every other
@@ -13,6 +15,8 @@ from launch.procs import assert_no_leftovers, token
 from mpi_run import ULFM_ARGS
 from workers.support import run_case_job
 
+from hvd_partial.modes import Majority, designated_initiator
+
 pytestmark = pytest.mark.mpi
 
 CASES = "elastic_cases.py"
@@ -21,8 +25,9 @@ CASES = "elastic_cases.py"
 
 def _survivors(case, *args, nprocs=4, victim):
     word = token()
+    victims = set(victim) if isinstance(victim, tuple) else {victim}
     res = run_case_job(CASES, nprocs, case, word, *args, timeout=90, expect_success=False, mpiexec_args=ULFM_ARGS)
-    assert sorted(res.results) == sorted(set(range(nprocs)) - {victim}), res.tail()
+    assert sorted(res.results) == sorted(set(range(nprocs)) - victims), res.tail()
     assert_no_leftovers(word)
     return res.results
 
@@ -49,6 +54,32 @@ def test_survivors_train_on_with_identical_results(ulfm, mode, victim, point, co
     _same(reports, "digest")
     _same(reports, "dead_summed")
     assert 3 in _same(reports, "sizes")
+
+
+def test_majoritys_designated_initiator_killed_as_it_starts_its_round(ulfm):
+    # The victim is the designated initiator of the round it launches when it dies (its 5th
+    # launch: round 4), so the survivors redo that round without the rank that was to start it.
+    count = 5
+    victim = designated_initiator(Majority().seed, "g", count - 1, 4)
+    reports = _survivors("train_through_a_kill", "majority", str(victim), "round_launched", str(count), victim=victim)
+    assert _same(reports, "lost") == [victim]
+    assert _same(reports, "survivors_whole") is True
+    _same(reports, "digest")
+
+
+@pytest.mark.parametrize("victims,points,counts", [
+    ((1, 3), "round_launched,round_launched", "4,4"),     # two ranks at once
+    ((2, 4), "round_launched,recovery_shrunk", "5,1"),    # a second one during the recovery from the first
+    ((0, 3), "registration_reported,round_launched", "1,6"),  # one as the stream registers, then another
+])
+def test_two_failures_are_survived(ulfm, victims, points, counts):
+    # 2 of 5: Open MPI 5.0's launcher ends the job once half of its processes died
+    reports = _survivors("train_through_a_kill", "solo", ",".join(map(str, victims)), points, counts,
+                         nprocs=5, victim=victims)
+    assert _same(reports, "lost") == sorted(victims)
+    assert _same(reports, "size") == 3 and _same(reports, "survivors_whole") is True
+    _same(reports, "digest")
+    _same(reports, "dead_summed")
 
 
 def test_a_stopped_rank_is_declared_by_liveness_ended_and_survived(ulfm):

@@ -3,7 +3,9 @@
 ``mpirun --with-ft ulfm --mca btl tcp,self`` (Open MPI 5).
 
 The victim dies by ``os._exit`` when the named point of hvd_partial's code
-(:mod:`hvd_partial.faults`) is reached for the COUNT-th time: no timing. Every
+(:mod:`hvd_partial.faults`) is reached for the COUNT-th time: no timing.
+VICTIM, POINT and COUNT may be comma-separated lists, one entry per victim
+(two ranks at once, or a second one during the recovery from the first). Every
 rank posts one-hot contributions (rank r's post t is 1 at ``r * STEPS + t``)
 with ``op=Sum``; each survivor reports what the test checks across survivors:
 its own posts each summed exactly once, the dead rank's each at most once,
@@ -40,13 +42,15 @@ def _stop_self():
 def train_through(how, _token, mode, victim, point, count):
     """``train_through_a_kill``: the victim exits; ``..._a_stop``: it stops, and its
     ring successor's liveness declares it and ends it (the rank's failure timeout is short)."""
-    victim, count = int(victim), int(count)
+    victims = [int(v) for v in victim.split(",")]
+    kills = dict(zip(victims, zip(point.split(","), (int(c) for c in count.split(",")))))
     stops = how == "train_through_a_stop"
     hvd.init(elastic=True, mode=mode, **({"heartbeat_seconds": 0.2, "failure_timeout_seconds": 2.0} if stops else {}))
     me, size = hvd.rank(), hvd.size()
-    if me == victim:
+    if me in kills:
         end = _stop_self if stops else (lambda: os._exit(1))
-        faults.at(point, lambda n: n >= count and end())
+        where, count = kills[me]
+        faults.at(where, lambda n: n >= count and end())
     length = size * STEPS
     results = []
     for t in range(STEPS):
@@ -59,7 +63,7 @@ def train_through(how, _token, mode, victim, point, count):
     mine = total[me * STEPS:(me + 1) * STEPS]
     assert (mine == 1).all(), f"rank {me}: own posts summed {mine.tolist()}"
     assert total.max() <= 1, f"rank {me}: a post summed twice: {np.flatnonzero(total > 1).tolist()}"
-    dead = total[victim * STEPS:(victim + 1) * STEPS]
+    dead = np.concatenate([total[v * STEPS:(v + 1) * STEPS] for v in victims])
     assert [r.round for r in results] == list(range(len(results))), "rounds out of order"
     sizes = sorted({r.world_size for r in results})
     phase("reporting")
