@@ -6,7 +6,8 @@ engines exchange what each rank submitted, compare the fields that must agree
 and either run the collective or raise the same
 :class:`~hvd_partial.errors.MismatchError` on every rank, naming the ranks
 and the field. Unnamed calls are named ``<kind>.noname.<n>``, numbered in
-call order per kind, identically on every rank that makes the same calls. A
+call order per kind (``allgather_object`` and ``broadcast_object`` in
+sequences of their own), identically on every rank that makes the same calls. A
 second call under a name still in flight on a rank raises
 :class:`~hvd_partial.errors.DuplicateNameError` there. A name that some ranks
 never submit is reported after ``stall_warning_seconds`` and fails every rank
@@ -39,8 +40,9 @@ copied at the call, so they may be modified at once.
 
 Integer ``Average`` is truncated toward zero, as Horovod does (see
 :mod:`hvd_partial.collectives.reduce_ops`). A rank that called ``join`` takes
-part in the others' collectives with zeros or empty rows until every rank has
-joined.
+part in the others' allreduces with zeros until every rank has joined; as in
+Horovod, an allgather, alltoall, broadcast or reducescatter negotiated while
+some ranks have joined raises ``NotSupportedError`` on the ranks that called it.
 
 Example::
 

@@ -4,7 +4,8 @@ Every rank calls :func:`start` for the same names in the same order, with the
 same view of every rank's signature and info, so each can size its receive
 buffers without another exchange (an allgather knows every rank's first
 dimension, an alltoall every rank's splits). A rank that joined without
-submitting the name takes part with zeros or empty rows.
+submitting the name takes part in an allreduce with zeros (the negotiator
+refuses the other data collectives while a rank has joined, as Horovod does).
 
 Signatures are tuples of ``(field, value)`` pairs; the fields read here are
 ``dtype`` (numpy dtype string), ``shape`` (or ``row_shape``), ``op`` and

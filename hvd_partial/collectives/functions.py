@@ -58,11 +58,12 @@ class _Names:
         return release
 
 
-def _submit(kind: str, name, signature: tuple, info, arrays, finish=None) -> Handle:
+def _submit(kind: str, name, signature: tuple, info, arrays, finish=None, counter: str | None = None) -> Handle:
+    """``counter`` names the sequence an unnamed call is numbered in (default: ``kind``)."""
     current = session.require()
     engine = current.engine
     names = current.adapter_state("collectives", _Names)
-    name = names.claim(kind, name, engine.rank)
+    name = names.claim(counter or kind, name, engine.rank)
     handle = Handle(f"{kind}({name})")
     request = Request(name, kind, (("collective", kind),) + signature, info, arrays, handle, finish=finish,
                       release=names.releaser(name), submitted_at=time.monotonic())
@@ -332,7 +333,7 @@ def broadcast_object_async(obj, root_rank: int = 0, name: str | None = None,
         return obj if root else pickle.loads(buffer.tobytes())
 
     return _submit(kinds.BROADCAST, name, signature, payload.size if root else None,
-                   [payload] if root else [], finish=finish)
+                   [payload] if root else [], finish=finish, counter="broadcast_object")
 
 
 def broadcast_object(obj, root_rank: int = 0, name: str | None = None, process_set=global_process_set):
@@ -365,7 +366,8 @@ def allgather_object_async(obj, name: str | None = None, process_set=global_proc
             offset += n
         return out
 
-    return _submit(kinds.ALLGATHER, name, signature, int(payload.size), [payload], finish=finish)
+    return _submit(kinds.ALLGATHER, name, signature, int(payload.size), [payload], finish=finish,
+                   counter="allgather_object")
 
 
 def allgather_object(obj, name: str | None = None, process_set=global_process_set) -> list:
@@ -428,8 +430,10 @@ def join(device: int = -1) -> int:
     """Declare that this rank has no more data (Horovod's ``join``).
 
     Until every rank has joined, this rank's engine takes part in the other
-    ranks' collectives with zeros (allreduce, reducescatter) or no rows
-    (allgather, alltoall). Returns the rank that joined last (the highest
+    ranks' allreduces (and grouped allreduces) with zeros; an allgather,
+    alltoall, broadcast or reducescatter negotiated meanwhile raises
+    ``NotSupportedError`` on the ranks that called it, as Horovod refuses
+    them. Returns the rank that joined last (the highest
     rank among those that joined in the same negotiation cycle).
     ``device`` is accepted for Horovod's signature and ignored.
 

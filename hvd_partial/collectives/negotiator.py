@@ -44,7 +44,8 @@ from typing import Callable
 import numpy as np
 
 from .. import faults
-from ..errors import EngineError, HvdPartialError, MismatchError, PartialResultError, RankFailedError
+from ..errors import (EngineError, HvdPartialError, MismatchError, NotSupportedError, PartialResultError,
+                      RankFailedError)
 from ..transport.protocol import Transport
 from . import requests as kinds
 from .requests import Request, differences
@@ -59,6 +60,9 @@ _STALL_CHECK_SECONDS = 1.0
 # Bytes per rank of a cycle's first allgather: most cycles' announcements fit.
 _SLOT_BYTES = 512
 
+
+# What Horovod refuses while some ranks have joined (it has no rows or root to take from them).
+_NOT_WITH_JOIN = (kinds.ALLGATHER, kinds.ALLTOALL, kinds.BROADCAST, kinds.REDUCESCATTER)
 
 # Elastic training: how many of the latest executions' results a rank keeps (a survivor whose
 # execution failed gets the result from one where it completed; ranks are never further apart).
@@ -312,6 +316,11 @@ class Negotiator:
             problem = differences(name, entry.kind, entry.sigs)
             if problem is not None:
                 self._fail_local(name, MismatchError(problem))
+                continue
+            if self._joined and entry.kind in _NOT_WITH_JOIN:
+                self._fail_local(name, NotSupportedError(
+                    f"{entry.kind} {name!r}: ranks {sorted(self._joined)} have joined; as in Horovod, only "
+                    "allreduce, grouped allreduce and barrier run while some ranks have joined"))
                 continue
             self._execute(entry)
         if self._joined and len(set(self._joined) | self._left) == self.size:

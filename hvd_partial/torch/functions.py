@@ -115,8 +115,9 @@ def broadcast_optimizer_state(optimizer, root_rank: int = 0, model=None) -> None
 
     As in Horovod, an optimizer that has no state yet (nothing stepped) gets
     its state created first, with zero gradients for parameters that have
-    none; unlike Horovod, the parameters and gradients are put back as they
-    were, so that initialization moves no weight (weight decay would). ``model``
+    none (they keep them, as in Horovod); unlike Horovod, the parameters and
+    the gradients that existed are put back as they were, so that
+    initialization moves no weight (weight decay would). ``model``
     is accepted for Horovod's signature (it marks sparse embeddings there).
 
     Example::
@@ -166,7 +167,8 @@ def _step_on_zeros(optimizer, params, saved) -> None:
         optimizer.step()
         for p, (data, grad) in zip(params, saved):
             p.copy_(data)
-            p.grad = grad
+            if grad is not None:
+                p.grad = grad  # a parameter without one keeps the zero gradient, as in Horovod
 
 
 def broadcast_object(obj, root_rank: int = 0, name: str | None = None, process_set=global_process_set):

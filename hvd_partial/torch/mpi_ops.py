@@ -57,6 +57,10 @@ class TorchHandle:
     def wait(self):
         return synchronize(self)
 
+    def __call__(self):
+        """Wait and return the result (Horovod's ``sparse_allreduce_async`` hands back a callable)."""
+        return synchronize(self)
+
     def __repr__(self) -> str:
         return f"<hvd_partial.torch handle {self.inner.name!r} {'done' if self.inner.done() else 'pending'}>"
 
@@ -115,7 +119,7 @@ def _for_bytes(tensor: torch.Tensor, what: str) -> np.ndarray:
 
 
 def _back(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
-    out = torch.from_numpy(np.ascontiguousarray(array))
+    out = torch.from_numpy(np.ascontiguousarray(array).reshape(np.shape(array)))  # 0-dim stays 0-dim
     if like.dtype in _BITS and out.dtype == _BITS[like.dtype]:
         out = out.view(like.dtype)
     if out.dtype != like.dtype:
@@ -242,14 +246,38 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
                           process_set)
 
 
+class _GroupedAllreduceGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, average, name, op, compression, prescale, postscale, process_set, *tensors):
+        ctx.args = (average, op, prescale, postscale, process_set)
+        return tuple(synchronize(_grouped_async(list(tensors), None, average, name, op, compression, prescale,
+                                                postscale, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        average, op, prescale, postscale, process_set = ctx.args
+        reduced = synchronize(_grouped_async(list(grads), None, average, None, op, Compression.none, prescale,
+                                             postscale, process_set))
+        return (None,) * 7 + tuple(reduced)
+
+
+def _wants_grad(tensors) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
                       postscale_factor=1.0, process_set=global_process_set) -> list:
-    """Reduce a list of tensors as one collective; returns new tensors.
+    """Reduce a list of tensors as one collective; returns new tensors
+    (differentiable: the gradient is reduced the same way).
 
     Example::
 
         w, b = hvd.grouped_allreduce([w_grad, b_grad])
     """
+    tensors = list(tensors)
+    if _wants_grad(tensors):
+        return list(_GroupedAllreduceGrad.apply(average, name, op, compression, prescale_factor, postscale_factor,
+                                                process_set, *tensors))
     return synchronize(_grouped_async(tensors, None, average, name, op, compression, prescale_factor,
                                       postscale_factor, process_set))
 
@@ -317,20 +345,27 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> TorchH
     return _allgather_async(tensor, name, process_set)
 
 
+def _row_offset(rows: int, name: str) -> int:
+    """Where this rank's ``rows`` start in an allgather's result."""
+    everyone = _core.allgather(np.array([rows], dtype=np.int64), name=name)
+    return int(everyone[:_core.rank()].sum())
+
+
 class _AllgatherGrad(torch.autograd.Function):
+    """Horovod's gradient: the average over ranks of the result's gradient,
+    this rank's rows of it."""
+
     @staticmethod
     def forward(ctx, tensor, name, process_set):
         ctx.rows = tensor.shape[0]
         ctx.process_set = process_set
-        out = synchronize(_allgather_async(tensor, name, process_set))
-        ctx.all_rows = [int(n) for n in _core.allgather(np.array([tensor.shape[0]], dtype=np.int64))]
-        return out
+        return synchronize(_allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = synchronize(_allreduce_async(grad_output, None, None, None, Sum, Compression.none, 1.0, 1.0,
+        grad = synchronize(_allreduce_async(grad_output, None, None, None, Average, Compression.none, 1.0, 1.0,
                                             ctx.process_set))
-        start = sum(ctx.all_rows[:_core.rank()])
+        start = _row_offset(ctx.rows, None)
         return grad[start:start + ctx.rows], None, None
 
 
@@ -355,8 +390,28 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set) 
     return TorchHandle(handles[-1].inner, lambda _: [synchronize(h) for h in handles])
 
 
+class _GroupedAllgatherGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.rows = [t.shape[0] for t in tensors]
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reduced = synchronize(_grouped_async(list(grads), None, None, None, Average, Compression.none, 1.0, 1.0,
+                                             ctx.process_set))
+        everyone = _core.allgather(np.array([ctx.rows], dtype=np.int64))  # (size, tensors)
+        starts = everyone[:_core.rank()].sum(axis=0)
+        return (None, None) + tuple(g[int(s):int(s) + n] for g, s, n in zip(reduced, starts, ctx.rows))
+
+
 def grouped_allgather(tensors, name=None, process_set=global_process_set) -> list:
-    """Allgather each tensor of a list; returns the list of results."""
+    """Allgather each tensor of a list; returns the list of results
+    (differentiable, as :func:`allgather`)."""
+    tensors = list(tensors)
+    if _wants_grad(tensors):
+        return list(_GroupedAllgatherGrad.apply(name, process_set, *tensors))
     return synchronize(grouped_allgather_async(tensors, name, process_set))
 
 
@@ -398,7 +453,7 @@ class _BroadcastGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = synchronize(_allreduce_async(grad_output, None, None, None, Sum, Compression.none, 1.0, 1.0,
+        grad = synchronize(_allreduce_async(grad_output, None, None, None, Average, Compression.none, 1.0, 1.0,
                                             ctx.process_set))
         if _core.rank() != ctx.root_rank:
             grad = grad * 0
@@ -424,17 +479,13 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set) -> 
 
 # ===== alltoall, reducescatter ==========================================================================
 
-def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> TorchHandle:
-    """Start an alltoall: rows ``splits[j]`` go to rank ``j`` (equal parts
-    without ``splits``). ``synchronize`` returns the received tensor, or
-    ``(received, received_splits)`` when ``splits`` was given."""
+def _alltoall_async(tensor, splits, name, process_set, with_splits: bool) -> TorchHandle:
     what = f"alltoall({name or ''})"
     tensor = _check_tensor(tensor, what)
     check_process_set(process_set, what)
     if isinstance(splits, torch.Tensor):
         splits = splits.detach().to("cpu").tolist()
     array = _for_bytes(tensor, what)
-    with_splits = splits is not None
 
     def convert(result):
         out, received = result
@@ -444,13 +495,42 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     return TorchHandle(_c.alltoall_async(array, splits, name), convert)
 
 
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> TorchHandle:
+    """Start an alltoall: rows ``splits[j]`` go to rank ``j`` (equal parts
+    without ``splits``). ``synchronize`` returns the received tensor, or
+    ``(received, received_splits)`` when ``splits`` was given."""
+    return _alltoall_async(tensor, splits, name, process_set, splits is not None)
+
+
+class _AlltoallGrad(torch.autograd.Function):
+    """The gradient goes back where the rows came from: an alltoall of it
+    with the received splits."""
+
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        out, received = synchronize(_alltoall_async(tensor, splits, name, process_set, True))
+        ctx.received = received
+        ctx.process_set = process_set
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx, grad_output, _received_grad):
+        grad, _ = synchronize(_alltoall_async(grad_output.contiguous(), ctx.received, None, ctx.process_set, True))
+        return grad, None, None, None
+
+
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
-    """Scatter slices of ``tensor`` to every rank and gather theirs.
+    """Scatter slices of ``tensor`` to every rank and gather theirs
+    (differentiable).
 
     Example::
 
         out, received_splits = hvd.alltoall(t, splits=torch.tensor([1, 3]))
     """
+    if _wants_grad([tensor]):
+        out, received = _AlltoallGrad.apply(tensor, splits, name, process_set)
+        return out if splits is None else (out, received)
     return synchronize(alltoall_async(tensor, splits, name, process_set))
 
 
@@ -465,17 +545,48 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     return TorchHandle(inner, lambda out: _back(out, tensor))
 
 
+def _scatter_grad_scale(op, prescale, postscale) -> float:
+    """Horovod's factor on a reducescatter's gradient before it is allgathered
+    back: the number of ranks for Sum, times the scale factors."""
+    return (_core.size() if op is Sum else 1.0) * prescale * postscale
+
+
+class _ReducescatterGrad(torch.autograd.Function):
+    """Horovod's gradient: every rank's share of the result's gradient,
+    allgathered back to the input's shape (times the ranks for Sum, and the
+    scale factors)."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, compression, op, process_set, prescale, postscale):
+        ctx.scale = _scatter_grad_scale(op, prescale, postscale)
+        ctx.process_set = process_set
+        return _reducescatter(tensor, name, compression, op, process_set, prescale, postscale)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = grad_output * ctx.scale if ctx.scale != 1.0 else grad_output
+        return synchronize(_allgather_async(grad, None, ctx.process_set)), None, None, None, None, None, None
+
+
+def _reducescatter(tensor, name, compression, op, process_set, prescale, postscale) -> torch.Tensor:
+    wire, ctx = compression.compress(tensor.detach()) if isinstance(tensor, torch.Tensor) else (tensor, None)
+    out = synchronize(reducescatter_async(wire, name, op, process_set, prescale, postscale))
+    return compression.decompress(out, ctx).to(tensor.dtype)
+
+
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=global_process_set,
                   prescale_factor=1.0, postscale_factor=1.0) -> torch.Tensor:
-    """Reduce ``tensor`` over ranks and keep this rank's share of dimension 0.
+    """Reduce ``tensor`` over ranks and keep this rank's share of dimension 0
+    (differentiable, with Horovod's gradient).
 
     Example::
 
         mine = hvd.reducescatter(torch.ones(4, 3), op=hvd.Sum)
     """
-    wire, ctx = compression.compress(tensor.detach()) if isinstance(tensor, torch.Tensor) else (tensor, None)
-    out = synchronize(reducescatter_async(wire, name, op, process_set, prescale_factor, postscale_factor))
-    return compression.decompress(out, ctx).to(tensor.dtype)
+    if _wants_grad([tensor]):
+        return _ReducescatterGrad.apply(tensor, name, compression, op, process_set, prescale_factor,
+                                        postscale_factor)
+    return _reducescatter(tensor, name, compression, op, process_set, prescale_factor, postscale_factor)
 
 
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
@@ -488,9 +599,28 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     return TorchHandle(handles[-1].inner, lambda _: [synchronize(h) for h in handles])
 
 
+class _GroupedReducescatterGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale, postscale, *tensors):
+        ctx.scale = _scatter_grad_scale(op, prescale, postscale)
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, process_set, prescale,
+                                                             postscale)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        grads = [g * ctx.scale if ctx.scale != 1.0 else g for g in grads]
+        return (None,) * 5 + tuple(synchronize(grouped_allgather_async(grads, None, ctx.process_set)))
+
+
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0) -> list:
-    """Reducescatter each tensor of a list; returns the list of results."""
+    """Reducescatter each tensor of a list; returns the list of results
+    (differentiable, as :func:`reducescatter`)."""
+    tensors = list(tensors)
+    if _wants_grad(tensors):
+        return list(_GroupedReducescatterGrad.apply(name, op, process_set, prescale_factor, postscale_factor,
+                                                    *tensors))
     return synchronize(grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor,
                                                    postscale_factor))
 
@@ -499,8 +629,9 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
 
 def join(device=-1) -> int:
     """This rank has no more batches: it takes part in the other ranks'
-    collectives with zeros until every rank has joined. Returns the last
-    rank to join.
+    allreduces with zeros until every rank has joined (their allgathers,
+    alltoalls, broadcasts and reducescatters raise meanwhile, as in Horovod).
+    Returns the last rank to join.
 
     Example::
 

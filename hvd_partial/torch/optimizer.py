@@ -201,6 +201,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _collect_parameters(self) -> None:
         self._grads = ParameterGradients(self._inner, self._named, self._compression, self._sparse_as_dense,
                                          self._name)
+        # Horovod's private map from parameter to name (Horovod's own tests read it).
+        self._parameter_names = {p: self._grads.names_by_id[id(p)] for g in self._inner.param_groups
+                                 for p in g["params"]}
         for handle in self._hook_handles:
             handle.remove()
         self._passes = _PassCounter(self._backward_passes, self._grads.names_by_id)

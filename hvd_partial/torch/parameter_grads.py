@@ -187,6 +187,8 @@ class ParameterGradients:
             g = self.compression.decompress(g, ctx)
             if g.dtype != p.dtype:
                 g = g.to(p.dtype)
+            if p.grad is not None and p.grad.is_sparse:
+                g = g.to_sparse()  # sparse_as_dense: back to the layout the optimizer expects, as Horovod does
             p.grad = g
 
 

@@ -148,7 +148,7 @@ def test_different_parameter_shapes_fail_on_every_rank_naming_the_parameter(bad_
 def test_sparse_gradients_refused_in_solo_allgathered_in_sync_or_densified(bad_run):
     for rep in bad_run.results.values():
         assert rep["sparse"]["type"] == "UnsupportedInputError" and "sparse_as_dense" in rep["sparse"]["message"]
-        assert rep["sparse_as_dense_grad"] == [0.5, 0.5, 0.0, 1.0]
+        assert rep["sparse_as_dense_grad"] == [0.5, 0.5, 0.0, 1.0] and rep["sparse_as_dense_is_sparse"] is True
         assert rep["sparse_sync_is_sparse"] is True and rep["sparse_sync_grad"] == [0.5, 0.5, 0.0, 1.0]
     same_on_all_ranks(bad_run, "sparse_sync_fp")
     same_on_all_ranks(bad_run, "sparse_as_dense_fp")

@@ -183,13 +183,17 @@ def stall_shutdown() -> dict:
 
 
 def join() -> dict:
-    """Rank r runs r + 1 steps, then joins: joined ranks contribute zeros."""
+    """Rank r runs r + 1 steps, then joins: joined ranks contribute zeros to
+    allreduces; an allgather while a rank has joined fails, as in Horovod."""
     r, n = hvd.rank(), hvd.size()
     sums, gathered = [], []
     for i in range(r + 1):
         phase(f"step {i}")
         sums.append(float(hvd.allreduce(np.ones(2), name=f"step{i}", op=hvd.Sum)[0]))
-        gathered.append(hvd.allgather(np.array([r]), name=f"gather{i}").tolist())
+        try:
+            gathered.append(hvd.allgather(np.array([r]), name=f"gather{i}").tolist())
+        except hvd.NotSupportedError as err:
+            gathered.append(type(err).__name__ if "have joined" in str(err) else str(err))
     phase("join")
     last = hvd.join()
     after = float(hvd.allreduce(np.ones(1), name="after_join", op=hvd.Sum)[0])

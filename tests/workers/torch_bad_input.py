@@ -81,7 +81,9 @@ def main():
     sparse_step(dense_opt)
     out["sparse_as_dense_fp"] = fingerprint(emb)
     # rows 0 and 1 were each looked up on one of the 2 ranks: average gradient 1/2; row 3 on both: 1
-    out["sparse_as_dense_grad"] = emb.weight.grad[:4, 0].tolist()
+    # and, as in Horovod, the optimizer gets it back sparse, as the parameter's own gradient was
+    out["sparse_as_dense_is_sparse"] = emb.weight.grad.is_sparse
+    out["sparse_as_dense_grad"] = emb.weight.grad.to_dense()[:4, 0].tolist()
 
     phase("misuse")
     model = make_model(2)

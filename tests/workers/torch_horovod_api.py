@@ -180,7 +180,7 @@ def optimizer() -> dict:
     out["state_len"] = len(opt.state)
     out["lr"] = opt.param_groups[0]["lr"]
     out["params_untouched"] = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    out["grads_restored"] = all(p.grad is None for p in model.parameters())
+    out["zero_grads"] = all(p.grad is not None and not p.grad.any() for p in model.parameters())
     out["state_steps"] = sorted({float(s["step"]) for s in opt.state.values()})
     phase("wrapped optimizer with Horovod's arguments")
     torch.manual_seed(0)
