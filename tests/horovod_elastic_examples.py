@@ -27,17 +27,17 @@ def example_path(relative: str) -> Path:
 
 
 def run_example(relative: str, args: list[str], *, nprocs: int, kill: str, max_np: int | None = None,
-                mode: str = "solo", timeout: float = 300) -> tuple[int, str, dict]:
+                mode: str = "solo", timeout: float = 300, env: dict | None = None) -> tuple[int, str, dict]:
     """``hvd-partial-run --elastic -np N [--max-np M] python horovod_elastic.py EXAMPLE ARGS``
-    with ``HVD_TEST_KILL=kill`` (``RANK:POINT:COUNT``); returns (exit status, output,
+    with ``HVD_TEST_KILL=kill`` (``RANK:POINT:COUNT``) and ``env``; returns (exit status, output,
     member number -> its report). A timeout kills the whole job and fails the test."""
     word = token()
     out_dir = tempfile.mkdtemp(prefix=f"{word}-")
     grow = ["--max-np", str(max_np)] if max_np else []
     cmd = [sys.executable, "-m", "hvd_partial.launch.cli", "--elastic", "-np", str(nprocs), *grow,
            sys.executable, str(HARNESS), str(example_path(relative)), *args]
-    env = dict(os.environ, HVD_TEST_OUT=out_dir, HVD_TEST_KILL=kill, HVD_PARTIAL_MODE=mode, PYTHONUNBUFFERED="1",
-               TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0",
+    env = dict(os.environ, **(env or {}), HVD_TEST_OUT=out_dir, HVD_TEST_KILL=kill, HVD_PARTIAL_MODE=mode,
+               PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="3", TF_ENABLE_ONEDNN_OPTS="0",
                PYTHONPATH=f"{ROOT}:{ROOT / 'tests'}:{ROOT / 'tests' / 'workers'}:{ROOT / 'tests' / 'tensorflow'}")
     try:
         code, stdout, stderr, timed_out = run_job(cmd, env, timeout)

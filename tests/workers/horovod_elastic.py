@@ -118,8 +118,8 @@ def torch_finish(ran: dict) -> dict:
 def tf_edit(source: str) -> str:
     from horovod_examples import EDITS
 
-    for pattern, replacement, _why in EDITS:
-        if "import" not in _why:
+    for pattern, replacement, why in EDITS:
+        if why != "import":  # the import lines are swapped by main()
             source = re.sub(pattern, replacement, source, flags=re.M)
     source = re.sub(r"\.lr\b", ".learning_rate", source)  # Keras 3: optimizers have no .lr
     # Keras 3: a learning rate is a Keras variable, which the legacy set_value cannot set
