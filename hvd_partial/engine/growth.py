@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from .. import session
 from ..collectives.functions import adopt_name_counters, allgather_object, name_counters, run_on_engine
 from ..core.world import World
-from ..launch.rank_status import PROGRAM_ENV, RESPAWN_ENV
+from ..launch.rank_status import PROGRAM_DIR_ENV, PROGRAM_ENV, RESPAWN_ENV
 from .engine import Engine
 
 log = logging.getLogger("hvd_partial.elastic")
@@ -213,9 +213,11 @@ def _start(current, grown, handshake: Handshake, listeners: list) -> None:
 
 
 def _spawn_info():
-    """``Spawn``'s info: the new processes start in this process's working directory."""
+    """``Spawn``'s info: the new processes start in the directory this program started in
+    (the rank wrapper's; the program may have changed directory since, and its path on the
+    command line may be relative), else in this process's working directory."""
     from mpi4py import MPI
 
     info = MPI.Info.Create()
-    info.Set("wdir", os.getcwd())
+    info.Set("wdir", os.environ.get(PROGRAM_DIR_ENV) or os.getcwd())
     return info

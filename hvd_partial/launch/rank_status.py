@@ -24,9 +24,11 @@ when one is killed.
 The launcher reads the files (:func:`collect`, :func:`verdict`). A rank is
 
 - *finished*: exit status 0;
-- a rank with no record but the marker ended its program and was then killed
-  while MPI finalized (Open MPI after a failure, now and then): it counts as
-  finished, its exit status unknown;
+- a rank whose program ended (its marker is there) but stayed in MPI_Finalize
+  (Open MPI after a failure, now and then, on every survivor at once): its
+  wrapper kills it after ``FINALIZE_GRACE_SECONDS`` and records
+  ``in_finalize``; such a rank, and one with no record but the marker (killed
+  while MPI finalized), counts as finished, its exit status unknown;
 - *failed*: it ended with a non-zero status (an exception, ``sys.exit(1)``):
   the job fails;
 - *lost*: anything else (killed by a signal, ``os._exit`` with a non-zero
@@ -54,6 +56,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 #: launcher -> wrapper: the directory for the status files
 STATUS_DIR_ENV = "HVDP_STATUS_DIR"
@@ -61,10 +64,17 @@ STATUS_DIR_ENV = "HVDP_STATUS_DIR"
 EXIT_MARK_ENV = "HVDP_EXIT_MARK"
 #: where the wrapper reads its rank (Open MPI, PMIx, MPICH's PMI)
 RANK_ENVS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
-#: wrapper -> program: the command that starts one more rank through this wrapper, and the
-#: program with its arguments (JSON lists; read by hvd_partial.engine.growth, whose names these are)
+#: wrapper -> program: the command that starts one more rank through this wrapper, the
+#: program with its arguments (JSON lists) and the directory it started in (a relative
+#: program path is relative to it, whatever directory the program moves to); read by
+#: hvd_partial.engine.growth, whose names these are
 RESPAWN_ENV = "HVDP_RESPAWN"
 PROGRAM_ENV = "HVDP_PROGRAM"
+PROGRAM_DIR_ENV = "HVDP_PROGRAM_DIR"
+#: how long a program that ended (its marker written) may stay in MPI_Finalize (seconds;
+#: the variable sets another)
+FINALIZE_GRACE_ENV = "HVDP_FINALIZE_GRACE_SECONDS"
+FINALIZE_GRACE_SECONDS = 20.0
 
 # Signals the wrapper passes on to the program (what mpirun sends its ranks).
 _FORWARDED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1",
@@ -135,6 +145,7 @@ def wrap(program: list[str], first_member: int | None = None) -> int:
     env.pop(STATUS_DIR_ENV, None)
     env[RESPAWN_ENV] = json.dumps([sys.executable, "-I", os.path.abspath(__file__)])
     env[PROGRAM_ENV] = json.dumps(program)
+    env[PROGRAM_DIR_ENV] = os.getcwd()
     # Signals are forwarded from before the program starts (one that comes first waits for it):
     # a signal between its start and the handlers would end this wrapper and not the program.
     started: list = []
@@ -150,10 +161,12 @@ def wrap(program: list[str], first_member: int | None = None) -> int:
         started.append(child)
         for number in early:
             child.send_signal(number)
-        code = child.wait()
+        code, in_finalize = _wait_for(child, mark)
     ended = bool(mark and os.path.exists(mark))
     if directory and rank is not None:
         record = {"rank": rank, "returncode": code, "ended": ended}
+        if in_finalize:
+            record["in_finalize"] = True
         if joined:
             record["joined"] = True
         tmp = status_path(directory, rank, joined) + ".tmp"
@@ -167,6 +180,33 @@ def wrap(program: list[str], first_member: int | None = None) -> int:
         if code > 0 and not ended:
             return -int(signal.SIGKILL)  # died mid-run: end as a killed rank, so the survivors run on
     return code
+
+
+def _wait_for(child: subprocess.Popen, mark: str | None) -> tuple[int, bool]:
+    """The program's exit status, and whether this wrapper ended it in MPI_Finalize:
+    once its marker says that it ended, it has :data:`FINALIZE_GRACE_SECONDS` to exit
+    (``HVDP_FINALIZE_GRACE_SECONDS``);
+    after a failure Open MPI's MPI_Finalize now and then waits forever (for every
+    survivor at once: nothing else would end the job). Such a rank counts as having
+    ended with status 0 (its real status is unknown)."""
+    if mark is None:
+        return child.wait(), False
+    grace = float(os.environ.get(FINALIZE_GRACE_ENV) or FINALIZE_GRACE_SECONDS)
+    ended_at = None
+    while True:
+        try:
+            return child.wait(timeout=min(1.0, grace)), False
+        except subprocess.TimeoutExpired:
+            pass
+        if ended_at is None:
+            if os.path.exists(mark):
+                ended_at = time.monotonic()
+        elif time.monotonic() - ended_at > grace:
+            sys.stderr.write(f"hvd-partial-run: pid {child.pid} ended its program {grace:.0f} s "
+                             "ago but MPI_Finalize has not returned: killing it\n")
+            child.kill()
+            child.wait()
+            return 0, True
 
 
 def _exit_like(code: int) -> None:

@@ -186,6 +186,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._dirty = False  # contributions of this rank may still be pending
         self._taken = 0  # rounds of this stream taken in this process
         self._round_base = 0  # rounds taken before a checkpoint was loaded
+        self._first_round: int | None = None  # the stream's number of the first round this process took
         self._updates = 0
         self._loaded: tuple | None = None  # (round, [(id, version) of each grad]) after synchronize()
         self._carried = RoundHyperparameters(optimizer)  # the param groups' scalars, posted with the gradients
@@ -526,13 +527,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 f"{applicable} rounds at once (solo/majority) and the change could apply to only one of them; "
                 "the replicas would diverge. Use optimizer.register_step_pre_hook(...) for per-round clipping")
         if not any(r.has_data for r in queue):  # nobody contributed (a sync flush round): taken, not applied
-            self._taken = take_all(queue, self._taken)
+            self._took(take_all(queue))
             return
         local = self._carried.read()  # this rank's own values: back in param_groups after the rounds
         try:
             while queue:
                 result = queue.popleft()
-                self._taken = result.round + 1
+                self._took(result.round)
                 if not result.has_data:
                     # Nobody contributed: applying zeros would still move momentum
                     # and weight decay, which no gradient asked for.
@@ -549,6 +550,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._carried.write(local)
 
+    def _took(self, round_number: int | None) -> None:
+        """Rounds up to ``round_number`` of the stream are taken here. ``_taken`` counts
+        the rounds taken in this process: a process that joined a grown world
+        (docs/elastic.md, "Growing back") takes its first round at the number the
+        stream had reached, and the round counter it loaded at ``state.sync()``
+        (``broadcast_optimizer_state``) already counts the rounds before it."""
+        if round_number is None:
+            return
+        if self._first_round is None:
+            self._first_round = round_number
+        self._taken = round_number + 1 - self._first_round
+
     def _drop_skipped_rounds(self) -> None:
         """A backward pass after ``synchronize()`` without ``step()``: the step was skipped.
 
@@ -563,7 +576,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 f"{self._mode.kind} mode. Call 'with optimizer.skip_synchronize(): optimizer.step()' first")
         log.debug("rank %s: %s: round(s) %s were not stepped (GradScaler skipped them?): dropped on every rank",
                   rank_label(), self._name, [r.round for r in self.last_results])
-        self._taken = take_all(self._queue, self._taken)
+        self._took(take_all(self._queue))
         self._loaded = None
         self._synchronized = False
 
@@ -596,11 +609,12 @@ def explain_mismatch(grads: ParameterGradients, stream: str, err: MismatchError)
                          f"(same order, shapes and dtypes)")
 
 
-def take_all(queue, taken: int) -> int:
-    """Take the rounds of ``queue`` without applying them; the taken count after them."""
+def take_all(queue) -> int | None:
+    """Take the rounds of ``queue`` without applying them; the last one's number (None: none)."""
+    last = None
     while queue:
-        taken = queue.popleft().round + 1
-    return taken
+        last = queue.popleft().round
+    return last
 
 
 def refuse_grad_scaler(optimizer: DistributedOptimizer) -> None:

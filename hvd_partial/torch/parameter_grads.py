@@ -83,6 +83,7 @@ class ParameterGradients:
         # Sync mode: parameters whose gradients are sparse, reduced Horovod's way
         # (allgather of indices and values) beside the dense stream; fixed at the first step.
         self._sparse_idx: list[int] | None = None
+        self._sparse_members: tuple | None = None  # the world's members when the layout was settled
         self._sparse_grads: dict[int, torch.Tensor] = {}
 
     def compressed_dtype(self, dtype: torch.dtype) -> torch.dtype:
@@ -137,9 +138,17 @@ class ParameterGradients:
         return self._staging.to_host(wires, names), ctxs
 
     def settle_sparse_layout(self, mode: Mode) -> None:
-        """Sync mode, first step: which parameters have sparse gradients (on any rank)."""
-        if self._sparse_idx is not None or mode.kind != "sync" or self.sparse_as_dense:
+        """Sync mode, first step: which parameters have sparse gradients (on any rank).
+        Again at the first step after the world grew (docs/elastic.md, "Growing back"):
+        a new rank settles it at its first step, and every rank takes part. After a rank
+        died the layout stands (fewer ranks cannot add a sparse gradient)."""
+        if mode.kind != "sync" or self.sparse_as_dense:
             return
+        world = _core.world()
+        grew = self._sparse_members is not None and not set(world.members) <= set(self._sparse_members)
+        if self._sparse_idx is not None and not grew:
+            return
+        self._sparse_members = tuple(world.members)
         mine = [i for i, p in enumerate(self.params) if p.grad is not None and p.grad.is_sparse]
         everyone = _core.allgather_object(mine, name=f"{self.stream}.sparse_layout")
         union = sorted(set().union(*map(set, everyone)))

@@ -173,6 +173,17 @@ def test_the_wrapper_records_how_the_program_ended_and_exits_alike(tmp_path, cod
         assert res.stdout.strip() == "hello"
 
 
+def test_the_wrapper_ends_a_program_that_ended_but_stays_in_finalize(tmp_path):
+    # the marker's exit hook runs first (atexit is last in, first out); then the program hangs
+    # at exit, as Open MPI's MPI_Finalize now and then does after a failure
+    code = "import atexit, threading\natexit.register(threading.Event().wait)\n" + MARK
+    res, record = wrapped(tmp_path, code, env={rank_status.FINALIZE_GRACE_ENV: "0.2"})
+    assert res.returncode == 0, res.stderr
+    assert record == {"rank": 3, "returncode": 0, "ended": True, "in_finalize": True}
+    assert "MPI_Finalize has not returned" in res.stderr
+    assert rank_status.describe(record) == "ended, then killed while MPI finalized"
+
+
 def test_the_wrapper_passes_signals_on_to_the_program(tmp_path):
     ready = tmp_path / "ready"
     code = f"""

@@ -96,33 +96,48 @@ def _digest(arrays) -> str:
     return h.hexdigest()
 
 
-def main() -> int:
-    script, args = sys.argv[1], sys.argv[2:]
+def prepare() -> None:
+    """Install the caps and the synthetic data, and record every optimizer the script builds."""
     _install_caps()
     hvd_keras.DistributedOptimizer = _Recorded
-    sys.argv = [script, *args]
-    runpy.run_path(script, run_name="__main__")
+
+
+def replica_results() -> list[dict]:
+    """Collective: flush every stream the script used, then compare each optimizer's
+    variables and state across the ranks (one entry per optimizer, with this rank's digest)."""
     results = []
     updated = hvd.flush_tapes()
     inner = {id(opt.inner_optimizer) for opt in _built}
     for optimizer, variables in _optimizers:
         if isinstance(optimizer, _Original) or id(optimizer) in inner or not variables:
             continue
-        digests = hvd.allgather_object(_digest(list(variables) + list(optimizer.variables)))
+        mine = _digest(list(variables) + list(optimizer.variables))
+        digests = hvd.allgather_object(mine)
         results.append({"what": f"optimizer {optimizer.name} (DistributedGradientTape)",
                         "iterations": int(optimizer.iterations), "flushed": updated,
-                        "identical": len(set(digests)) == 1})
+                        "identical": len(set(digests)) == 1, "digest": mine})
     for opt in _built:
         if opt.post_variables is None:
             continue
         flushed = opt.flush()
-        digests = hvd.allgather_object(_digest(list(opt.model_variables) + list(opt.variables)))
+        mine = _digest(list(opt.model_variables) + list(opt.variables))
+        digests = hvd.allgather_object(mine)
         if os.environ.get("HVD_EXAMPLE_DEBUG"):
             each = hvd.allgather_object([(v.path, _digest([v])) for v in list(opt.model_variables) + list(opt.variables)])
             if hvd.rank() == 0:
                 print("DIFFER:", [a[0] for a, b in zip(each[0], each[1]) if a[1] != b[1]], flush=True)
         results.append({"what": f"DistributedOptimizer {opt.stream_name} ({opt.mode.kind})",
-                        "iterations": int(opt.iterations), "flushed": flushed, "identical": len(set(digests)) == 1})
+                        "iterations": int(opt.iterations), "flushed": flushed, "identical": len(set(digests)) == 1,
+                        "digest": mine})
+    return results
+
+
+def main() -> int:
+    script, args = sys.argv[1], sys.argv[2:]
+    prepare()
+    sys.argv = [script, *args]
+    runpy.run_path(script, run_name="__main__")
+    results = replica_results()
     if hvd.rank() == 0:
         for r in results:
             print(f"{r['what']}: {r['iterations']} updates, replicas {'identical' if r['identical'] else 'DIFFER'}",
