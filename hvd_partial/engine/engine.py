@@ -28,6 +28,7 @@ from ..collectives.negotiator import Negotiator
 from ..collectives.requests import LOCAL
 from ..config import Config
 from ..core.driver import Driver
+from ..core.growth import rests_carried, start_carried
 from ..core.post_request import PostRequest
 from ..core.rank_stream import Waiter
 from ..core.world import World
@@ -100,7 +101,7 @@ class Engine:
         self._host = EngineHost(me, self.stats, self._calls, lambda error: me.fail(error, notify=True, local=True))
         self._driver = Driver(self.rank, self.size, weakref.proxy(self._host), config.activation_delay_us > 0,
                               transport.quorum_counters)
-        self._driver.carried = dict(carried or {})
+        start_carried(self._driver, carried or {})
         self._liveness = Liveness(transport, self.rank, self.size, config)
         self._dispatch = Dispatch(transport, self.rank, self._driver, {
             TAG_FAILURE: lambda source, notice: _fail_if(me, me._liveness.failure_notice(source, notice)),
@@ -377,7 +378,7 @@ class Engine:
     def _flush(self, cmd: FlushCommand) -> None:
         faults.point("flush_submitted")
         self._begin_call(cmd, None)
-        if cmd.name in self._driver.carried and cmd.name not in self._driver.streams:
+        if rests_carried(self._driver, cmd.name):
             # carried over a grow and not posted to since: no rank can have a round of it yet
             self._calls.discard(cmd.handle)
             cmd.handle.set_result([])

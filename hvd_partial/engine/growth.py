@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 from .. import session
 from ..collectives.functions import adopt_name_counters, allgather_object, name_counters, run_on_engine
+from ..core.growth import agreed_rounds
 from ..core.world import World
 from ..launch.rank_status import PROGRAM_DIR_ENV, PROGRAM_ENV, RESPAWN_ENV
 from .engine import Engine
@@ -119,8 +120,8 @@ def grow_world() -> int:
         return 0
     began = time.perf_counter()
     reports = allgather_object(run_on_engine(engine.readout.streams_at_rest), name=GROW_CHECK)
-    carried = reports[0]
-    if carried is None or None in carried.values() or any(r != carried for r in reports):
+    carried = agreed_rounds(reports)
+    if carried is None:
         log.info("rank %d: the world has %d of max_np %d ranks, but some stream is not at rest on every rank "
                  "(flush every stream before state.commit()); growing waits for a later commit",
                  world.rank, world.size, config.max_np)

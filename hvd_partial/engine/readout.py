@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..core.decentral.stats import StreamStats
 from ..core.driver import Driver
+from ..core.growth import streams_at_rest
 from ..core.rank_stream import RankStream
 from .pacing import Pacing
 
@@ -47,13 +48,4 @@ class EngineReadout:
         no post or flush in progress, nothing pending, every round started here completed
         and taken), else None for it; None altogether while a stream is still registering.
         Read it on the engine thread (``run_on_engine``): where the world may grow."""
-        driver = self._driver
-        if any(s.id is None for s in driver.streams.values()):
-            return None
-        out: dict[str, int | None] = {}
-        for name, s in driver.streams.items():
-            rest = s.waiter is None and not s.pending and s.started == s.completed == s.taken
-            out[name] = s.completed + s.round_offset if rest else None
-        for name, rounds in driver.carried.items():
-            out.setdefault(name, rounds)  # carried over an earlier grow, not posted to since
-        return out
+        return streams_at_rest(self._driver)

@@ -31,6 +31,7 @@ from ..core.decentral.messages import ReleaseActivation
 from ..core.decentral.quorum import SharedQuorumCounters
 from ..core.driver import Driver
 from ..core.fusion import Layout
+from ..core.growth import rests_carried, start_carried
 from ..core.messages import StreamSignature
 from ..core.post_request import PostRequest
 from ..core.rebase import (adopt_world, catch_up, columns_between, plan_streams, rebase_stream, recovery_report,
@@ -40,6 +41,7 @@ from ..core.round_result import RoundResult
 from ..errors import RankFailedError
 from ..modes import Mode, ReduceOp
 from .coordinator import central_control
+from .growing import grow_world
 
 #: The control policy of each plane a world can run (the product runs ``decentral``).
 CONTROL_PLANES = {"decentral": DecentralControl, "central": central_control}
@@ -52,9 +54,8 @@ class LoopbackRank:
     def __init__(self, world: "LoopbackWorld", rank: int):
         self.world = world
         self.rank = rank
-        self.original = rank  # its rank at init (``rank`` changes when the world shrinks)
-        self.driver = Driver(rank, world.world_size, self, world.defer_activations,
-                             world.quorum_counters.for_rank(rank), world.control)
+        self.original = rank  # its rank at init, or its number when a grow started it (``rank`` changes)
+        self.restart({})
         self.launches = world.make_queue("launches", rank, rank)  # (stream, launch) joined, not completed here
         self.waiter: Waiter | None = None  # the compute thread's call in progress
         self.taken: dict[str, list[RoundResult]] = {}  # stream -> every result taken, in order
@@ -62,6 +63,14 @@ class LoopbackRank:
         self.errors: list[Exception] = []  # calls that raised
         self.failure: Exception | None = None  # this rank stopped: it died, or learnt that a peer did
         self.notice_due = False  # a peer died and this rank has not noticed yet
+
+    def restart(self, carried: dict[str, int]) -> None:
+        """A new driver on the world as it is now (at init, and on every rank when the world
+        grew: the engine restarted), its streams numbering their rounds on from ``carried``."""
+        world = self.world
+        self.driver = Driver(self.rank, world.world_size, self, world.defer_activations,
+                             world.quorum_counters.for_rank(self.rank), world.control)
+        start_carried(self.driver, carried)
 
     # -- views used by tests and the simulators -------------------------------------------
 
@@ -127,19 +136,23 @@ class LoopbackWorld:
     (the engine's activation delay), and majority's other ranks join early.
     ``control_plane``: ``"decentral"`` (the product's) or ``"central"`` (the
     reference coordinator of :mod:`hvd_partial.sim.coordinator`).
-    ``elastic``: ranks keep their completed rounds, and :meth:`kill` has the
-    survivors go on in a smaller world (the engine's recovery)."""
+    ``elastic``: ranks keep their completed rounds, :meth:`kill` has the
+    survivors go on in a smaller world (the engine's recovery), and :meth:`grow`
+    starts new ranks where every stream is at rest (the engine's grow)."""
 
     def __init__(self, world_size: int, mode: Mode, op: ReduceOp, max_staleness: int, layout: Layout,
                  keep_results=None, control_plane: str = "decentral", defer_activations: bool = False,
                  elastic: bool = False):
         self.world_size = world_size
         self.elastic = elastic
-        self.version = 0  # the world's version: one more at each shrink
+        self.version = 0  # the world's version: one more at each shrink and each grow
         self.members = tuple(range(world_size))  # the ranks at init that make up the world, in rank order
         self.worlds = {0: self.members}  # version -> members, every world since init
         self.departed: list[LoopbackRank] = []  # ranks killed (elastic), out of ``ranks``
         self.shrinks: list[dict] = []  # what each kill did (see kill)
+        self.joined: tuple[int, ...] = ()  # the numbers of the ranks grows started, in order
+        self.grows: list[dict] = []  # what each grow did (see grow)
+        self.stopping = False  # the ranks shut their drivers down for a grow: their results go nowhere
         self.on_join = None  # on_join(rank, stream, launch), if set: a rank joined a reduction
         if control_plane not in CONTROL_PLANES:
             raise ValueError(f"control_plane must be one of {tuple(CONTROL_PLANES)}, got {control_plane!r}")
@@ -175,7 +188,7 @@ class LoopbackWorld:
         return q
 
     def keeps_results(self, j: int) -> bool:
-        return self._keep is None or j in self._keep
+        return not self.stopping and (self._keep is None or j in self._keep)
 
     @property
     def coordinator(self):
@@ -202,6 +215,8 @@ class LoopbackWorld:
     def flush(self, j: int, name: str = STREAM):
         rank = self.ranks[j]
         assert self.idle(j) and rank.failure is None
+        if rests_carried(rank.driver, name):
+            return  # carried over a grow and not posted to since: no rounds (the engine's flush)
         waiter = rank.waiter = Waiter("flush")
         try:
             rank.driver.flush(name, waiter)
@@ -359,21 +374,11 @@ class LoopbackWorld:
         # 1. (a round whose reduction finished here was completed by its own event: the schedule decides)
         # 2. revoke and shrink: control messages in flight are lost, decisions to itself stay
         own = {rank: self.inbound[rank.rank].get((rank.rank, 0)) for rank in survivors}
-        self.ranks = survivors
-        self.world_size = size = len(survivors)
-        self.dead = [False] * size
-        self.inbound = [{} for _ in range(size)]
-        for new, rank in enumerate(survivors):
-            rank.rank = new
+        members = self.begin_world(survivors)
+        size = self.world_size
         for rank, queue in own.items():
             if queue:
                 self.channel(rank.rank, rank.rank).extend(queue)
-        self.version += 1
-        self.members = members = tuple(rank.original for rank in survivors)
-        self.worlds[self.version] = members
-        self.quorum_counters = SharedQuorumCounters()  # the quorum window, made again
-        for table in (self.parts, self._sums, self._taken_sums):  # the old world's reductions are over
-            table.clear()
         # 3. what each survivor holds; the agreements' outcomes it missed; its own decisions
         reports = [recovery_report(rank.driver) for rank in survivors]
         for rank in survivors:
@@ -417,6 +422,28 @@ class LoopbackWorld:
                 "completed": {name: survivors[0].driver.streams[name].completed for name in named}}
         self.shrinks.append(done)
         return done
+
+    def begin_world(self, ranks: list) -> tuple[int, ...]:
+        """The world changed (a shrink or a grow): ``ranks`` in rank order make up the next
+        version; nothing is in flight in it, and its quorum window is new. Returns its members."""
+        self.ranks = ranks
+        self.world_size = size = len(ranks)
+        self.dead = [False] * size
+        self.inbound = [{} for _ in range(size)]
+        for new, rank in enumerate(ranks):
+            rank.rank = new
+        self.version += 1
+        self.members = members = tuple(rank.original for rank in ranks)
+        self.worlds[self.version] = members
+        self.quorum_counters = SharedQuorumCounters()  # the quorum window, made again
+        for table in (self.parts, self._sums, self._taken_sums):  # the old world's reductions are over
+            table.clear()
+        return members
+
+    def grow(self, count: int, rng: random.Random | None = None) -> dict | None:
+        """``count`` new ranks join where every rank is idle and every stream at rest, as the
+        engine's grow does (:mod:`hvd_partial.sim.growing`); None (nothing changes) elsewhere."""
+        return grow_world(self, count, LoopbackRank, rng)
 
     def _deliver_own(self, rank: "LoopbackRank") -> None:
         """Hand rank's driver the decisions it sent itself (the engine's ``Dispatch.deliver_own``)."""

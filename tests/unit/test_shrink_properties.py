@@ -99,41 +99,63 @@ class Schedule:
             self.joined[(rank.original, launch.round)] = set(np.flatnonzero(launch.send[0]).tolist())
 
     def run(self):
-        world = self.world
         while True:
-            while self.kills and self.kills[0][0] <= self.steps and world.world_size > 1:
-                _, how, pick = self.kills.pop(0)
-                self.kill(victim_of(world, self.mode, how, pick))
-            events = [("comm", e) for e in world.communication_events()]
-            for j, rank in enumerate(world.ranks):
-                o = rank.original
-                if not world.idle(j) or o in self.flushed:
-                    continue
-                if self.remaining[o] > 0:
-                    events += [("post", j)] * self.speeds[o]
-                elif rank.registered:
-                    events.append(("shutdown" if self.shutdown else "flush", j))
+            self.kill_due()
+            events = self.events()
             if not events:
-                if self.kills and world.world_size > 1:  # a kill after the end
-                    self.kills[0] = (self.steps, *self.kills[0][1:])
+                if self.kill_after_end():
                     continue
                 return self
-            kind, what = self.rng.choice(events)
-            self.steps += 1
-            if kind == "comm":
-                world.apply(what)
-            elif kind == "post":
-                o = world.ranks[what].original
-                one_hot = np.zeros(self.total, dtype=np.float64 if self.average else np.int64)
-                one_hot[self.index] = 1
-                stream = world.ranks[what].stream
-                self.owner[self.index] = (o, 0 if stream is None else stream.taken)
-                self.index += 1
-                self.remaining[o] -= 1
-                world.post(what, [one_hot])
-            else:
-                self.flushed.add(world.ranks[what].original)
-                (world.shutdown if kind == "shutdown" else world.flush)(what)
+            self.step(*self.rng.choice(events))
+
+    def kill_due(self):
+        """The kills whose step has come (while more than one rank is left)."""
+        world = self.world
+        while self.kills and self.kills[0][0] <= self.steps and world.world_size > 1:
+            _, how, pick = self.kills.pop(0)
+            self.kill(victim_of(world, self.mode, how, pick))
+
+    def kill_after_end(self) -> bool:
+        """Nothing can happen: the next kill comes now (True), if any is left."""
+        if self.kills and self.world.world_size > 1:
+            self.kills[0] = (self.steps, *self.kills[0][1:])
+            return True
+        return False
+
+    def events(self) -> list:
+        """What may happen next: communication, each idle rank's post, flush or shutdown."""
+        world = self.world
+        events = [("comm", e) for e in world.communication_events()]
+        for j, rank in enumerate(world.ranks):
+            o = rank.original
+            if not world.idle(j) or o in self.flushed:
+                continue
+            if self.remaining[o] > 0:
+                events += [("post", j)] * self.speeds[o]
+            elif rank.registered:
+                events.append(("shutdown" if self.shutdown else "flush", j))
+        return events
+
+    def taken_now(self, rank) -> int:
+        """The rounds rank has taken (its posts' staleness counts from there)."""
+        return 0 if rank.stream is None else rank.stream.taken
+
+    def step(self, kind, what):
+        world = self.world
+        self.steps += 1
+        if kind == "comm":
+            world.apply(what)
+        elif kind == "post":
+            o = world.ranks[what].original
+            one_hot = np.zeros(self.total, dtype=np.float64 if self.average else np.int64)
+            one_hot[self.index] = 1
+            self.owner[self.index] = (o, self.taken_now(world.ranks[what]))
+            self.index += 1
+            self.remaining[o] -= 1
+            world.post(what, [one_hot])
+        else:
+            self.flushed.add(world.ranks[what].original)
+            (world.shutdown if kind == "shutdown" else world.flush)(what)
 
     def kill(self, j):
         world = self.world
