@@ -4,7 +4,7 @@ tests/workers/horovod_elastic.py (its import line swapped, stand-ins for
 torchvision and the data sets, a rank killed at a named fault point), and
 check what every elastic example must end with. Used by
 tests/torch/test_horovod_elastic_examples_mpi.py and
-tests/tensorflow/test_horovod_elastic_examples_mpi.py."""
+tests/tensorflow/test_tf_horovod_elastic_examples_mpi.py."""
 
 from __future__ import annotations
 

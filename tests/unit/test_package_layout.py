@@ -426,3 +426,13 @@ def test_checker_finds_oversized_classes(tmp_path):
     })
     assert oversized_classes(modules, {"pkg.a:Known": "test"}) == [
         f"pkg.a:TooBig has {MAX_METHODS + 1} methods (at most {MAX_METHODS})"]
+
+
+def test_test_files_have_unique_names():
+    # The test folders are not packages: pytest imports each test file by its bare name, so two
+    # files of one name in two folders stop the whole collection.
+    tests = pathlib.Path(__file__).resolve().parents[1]
+    seen: dict[str, list[str]] = {}
+    for path in tests.rglob("test_*.py"):
+        seen.setdefault(path.name, []).append(str(path.relative_to(tests)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
