@@ -275,6 +275,13 @@ def test_kills_and_grows_at_any_event_keep_every_guarantee(P, mode_name, tau, se
     run_one(P, mode_name, tau, seed, mseed, kills, grows, average)
 
 
+@pytest.mark.parametrize("P", range(1, MAX_P + 1))
+def test_every_size_kills_and_grows(P):
+    # every size at least once whatever hypothesis draws above: a kill, then a grow, each mode in turn
+    mode_name = ["solo", "majority", "majority_quorum", "sync"][P % 4]
+    run_one(P, mode_name, 2, P, 0, [(30, "any", P)] if P > 1 else [], [(60, 1)], False)
+
+
 def test_the_grow_properties_ran_often_enough():
     """(Runs last in the file) more than 1,000 schedules, of every size from 1 to 16, that grew."""
     if not RUNS["schedules"]:
