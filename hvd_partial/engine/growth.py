@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import pickle
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field
 from .. import session
 from ..collectives.functions import adopt_name_counters, allgather_object, name_counters, run_on_engine
 from ..core.growth import agreed_rounds
+from ..core.hosts import plan_world, same_host
 from ..core.world import World
 from ..launch.rank_status import PROGRAM_DIR_ENV, PROGRAM_ENV, RESPAWN_ENV
 from .engine import Engine
@@ -111,50 +113,163 @@ def spawn_command(first: int) -> list[str]:
 def grow_world() -> int:
     """Grow the world back to ``max_np`` ranks if it is smaller and every stream
     is at rest (collective over the current ranks, at the same point of the
-    program). Returns the number of ranks started (0: none)."""
+    program); with ``hosts_file`` set, follow the discovered hosts instead
+    (:func:`follow_hosts`). Returns the number of ranks started (0: none)."""
     current = session.require()
     config, engine = current.config, current.engine
+    if not config.elastic:
+        return 0
+    if config.hosts_file:
+        return follow_hosts(current)
     world = engine.world
     missing = config.max_np - world.size
-    if not config.elastic or missing <= 0:
+    if missing <= 0:
         return 0
     began = time.perf_counter()
     reports = allgather_object(run_on_engine(engine.readout.streams_at_rest), name=GROW_CHECK)
-    carried = agreed_rounds(reports)
+    carried = _at_rest(world, agreed_rounds(reports), f"has {world.size} of max_np {config.max_np} ranks")
     if carried is None:
-        log.info("rank %d: the world has %d of max_np %d ranks, but some stream is not at rest on every rank "
-                 "(flush every stream before state.commit()); growing waits for a later commit",
-                 world.rank, world.size, config.max_np)
         return 0
-    checked = time.perf_counter()
-    grown_world = world.grown(missing)
-    started = grown_world.joined[-missing:]
-    command = spawn_command(started[0])
+    return _change(current, carried, (), ((None, missing),), began)
+
+
+def follow_hosts(current) -> int:
+    """With ``hosts_file`` (``hvd-partial-run --host-discovery-script``): rank 0 reads the
+    discovered hosts, every rank receives its copy and where every rank runs in one helper
+    collective, and all plan alike (:func:`~hvd_partial.core.hosts.plan_world`): the ranks
+    of hosts no longer listed drain (:class:`~hvd_partial.errors.RankDrained` on them), new
+    ranks start on free slots. Waits for a later commit unless every stream is at rest.
+    Returns the number of ranks started."""
+    config, engine = current.config, current.engine
+    world = engine.world
+    began = time.perf_counter()
+    document = read_hosts_file(config.hosts_file) if world.rank == 0 else None
+    reports = allgather_object((run_on_engine(engine.readout.streams_at_rest), socket.gethostname(), document),
+                               name=GROW_CHECK)
+    document = reports[0][2]
+    if document is None:
+        return 0
+    plan = plan_world([(name, slots) for name, slots in document["hosts"]], [r[1] for r in reports],
+                      document["launcher_host"], config.min_np, config.max_np)
+    if not plan.changes:
+        return 0
+    carried = _at_rest(world, agreed_rounds([r[0] for r in reports]),
+                       f"of {world.size} ranks is to become {plan.target} (discovered hosts, serial "
+                       f"{document['serial']})")
+    if carried is None:
+        return 0
+    return _change(current, carried, plan.leave, plan.spawn, began, document["launcher_host"])
+
+
+def read_hosts_file(path: str) -> dict | None:
+    """The launcher's hosts document (:func:`~hvd_partial.core.hosts.hosts_document`), or
+    None (logged) when it cannot be read: the world then stays as it is."""
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError) as err:
+        log.warning("could not read the discovered hosts from %s (%s); the world stays as it is", path, err)
+        return None
+
+
+def _at_rest(world: World, carried: dict | None, what: str) -> dict | None:
+    if carried is None:
+        log.info("rank %d: the world %s, but some stream is not at rest on every rank (flush every stream "
+                 "before state.commit()); the change waits for a later commit", world.rank, what)
+    return carried
+
+
+def _change(current, carried: dict, leave: tuple, spawn: tuple, began: float, launcher_host: str = "") -> int:
+    """Every rank: stop the engine, let the ranks ``leave`` go, start ``spawn`` ((host or
+    None, count) per group) new ranks, and start a new engine on the new world."""
+    engine = current.engine
+    world = engine.world
+    before = world.size
+    decided = time.perf_counter()
+    count = sum(c for _, c in spawn)
     names = name_counters()  # (read while the engine runs)
     if world.rank == 0:
-        log.warning("growing the world from %d to %d ranks: starting ranks %s (numbered after every earlier "
-                    "rank): %s", world.size, grown_world.size, list(started), " ".join(command))
+        log.warning("changing the world of %d ranks: %d leave (ranks %s, numbered %s: their hosts were drained), "
+                    "%d start (%s)", before, len(leave), list(leave), [world.members[r] for r in leave], count,
+                    ", ".join(f"{n} on {host or 'the hosts given to mpirun'}" for host, n in spawn) or "none")
     engine.shutdown()  # flushes every stream (at rest: no round carries data)
     engine.free_stream_comms()
     transport = current.transport
     transport.free()
     stopped = time.perf_counter()
-    from ..transport.ulfm import spawn_and_merge
+    from ..transport.ulfm import spawn_and_merge_on, split_off
 
-    grown = spawn_and_merge(transport.control, command, missing, info=_spawn_info())
+    comm = transport.control
+    if leave:
+        comm = split_off(comm, world.rank in leave)
+        if comm is None:
+            _leave(current, world)
+        world = world.drained(leave, [r for r in range(world.size) if r not in leave].index(world.rank))
+    grown_world = world.grown(count) if count else world
+    started = grown_world.joined[-count:] if count else ()
+    link = None
+    if count:
+        placements = [(_spawn_info(host, launcher_host), n) for host, n in spawn]
+        grown = spawn_and_merge_on(comm, spawn_command(started[0]), placements)
+        comm, link = grown.comm, grown.link
     spawned = time.perf_counter()
     handshake = Handshake(grown_world, started, carried, names)
     size = len(pickle.dumps(handshake, protocol=pickle.HIGHEST_PROTOCOL))
-    grown.comm.bcast(handshake, root=0)
-    _start(current, grown, handshake, list(engine.unpark_listeners))
-    record = Growth(world.size, grown_world.size, started, size, began)
-    record.seconds = {"check": checked - began, "stop": stopped - checked, "spawn": spawned - stopped,
+    comm.bcast(handshake, root=0)
+    _start(current, comm, link, handshake, list(engine.unpark_listeners))
+    record = Growth(before, grown_world.size, started, size, began)
+    record.seconds = {"check": decided - began, "stop": stopped - decided, "spawn": spawned - stopped,
                       "start": time.perf_counter() - spawned}
     _grown(current).history.append(record)
-    log.info("rank %d: the world grew from %d to %d ranks in %.0f ms (%s)", world.rank, world.size,
+    log.info("rank %d: the world changed from %d to %d ranks in %.0f ms (%s)", grown_world.rank, before,
              grown_world.size, (time.perf_counter() - began) * 1e3,
              ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in record.seconds.items()))
-    return missing
+    return count
+
+
+def _leave(current, world: World):
+    """This rank's host was drained: its engine has stopped (every round it took part in
+    completed everywhere), so end its session, tell the launcher, make sure the process
+    ends without ``MPI_Finalize`` (which would wait for the whole job), and raise
+    :class:`RankDrained`."""
+    from ..errors import RankDrained
+    from ..launch.rank_status import note_drained
+
+    session.end()
+    note_drained()
+    _exit_without_finalize()
+    log.warning("rank %d (numbered %d) leaves the world: its host is no longer listed by the discovery script "
+                "(or lists fewer slots); every round it took part in is summed on the others", world.rank,
+                world.original_rank)
+    raise RankDrained(f"rank {world.rank} (numbered {world.original_rank}) left the world: its host was drained")
+
+
+def _exit_without_finalize() -> None:
+    """At this process's exit, end it before ``MPI_Finalize`` (registered last, so run
+    first), with status 1 after an uncaught exception, else 0."""
+    import atexit
+
+    failed = []
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        failed.append(exc_type)
+        previous(exc_type, exc, tb)
+
+    def leave():
+        from ..launch.rank_status import mark_exit_now
+
+        mark_exit_now()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        logging.shutdown()
+        os._exit(1 if failed else 0)
+
+    sys.excepthook = hook
+    atexit.register(leave)
 
 
 def join_grown_world():
@@ -198,27 +313,33 @@ def disconnect_links(current) -> None:
     _grown(current).links.clear()
 
 
-def _start(current, grown, handshake: Handshake, listeners: list) -> None:
-    """Every rank of the grown world (old ones here, a new one in ``init``): a new
-    transport and engine on the merged communicator."""
+def _start(current, comm, link, handshake: Handshake, listeners: list) -> None:
+    """Every old rank of the new world (a new one starts in ``init``): a new transport
+    and engine on ``comm``; ``link`` (the grow's, or None) is kept until shutdown."""
     from ..transport.mpi import MpiTransport
 
     config = current.config
-    transport = MpiTransport(grown.comm, doorbell=config.doorbell, quorum_counters=True, elastic=True)
+    transport = MpiTransport(comm, doorbell=config.doorbell, quorum_counters=True, elastic=True)
     transport.barrier()
     engine = Engine(transport, config, **engine_arguments(handshake, transport.rank))
     engine.unpark_listeners.extend(listeners)
     engine.start()
     current.engine, current.transport = engine, transport
-    _grown(current).links.append(grown.link)
+    if link is not None:
+        _grown(current).links.append(link)
 
 
-def _spawn_info():
+def _spawn_info(host: str | None = None, launcher_host: str = ""):
     """``Spawn``'s info: the new processes start in the directory this program started in
     (the rank wrapper's; the program may have changed directory since, and its path on the
-    command line may be relative), else in this process's working directory."""
+    command line may be relative), else in this process's working directory; on ``host``
+    unless it is None or this one (Open MPI's ``host`` and ``add-host``: a host the
+    discovery script added may not be in the job's allocation yet)."""
     from mpi4py import MPI
 
     info = MPI.Info.Create()
     info.Set("wdir", os.environ.get(PROGRAM_DIR_ENV) or os.getcwd())
+    if host is not None and not same_host(host, socket.gethostname(), launcher_host):
+        info.Set("add-host", host)
+        info.Set("host", host)
     return info
