@@ -45,24 +45,24 @@ class World:
     def shrunk(self, failed: tuple[int, ...], new_rank: int) -> "World":
         """The world after the ranks ``failed`` (current numbers) died; the
         survivors keep their order, so this rank becomes ``new_rank``."""
-        gone = set(failed)
-        members = tuple(m for r, m in enumerate(self.members) if r not in gone)
-        lost = tuple(sorted(set(self.lost) | {self.members[r] for r in gone}))
-        if members[new_rank] != self.original_rank:
-            raise ValueError(f"rank {self.rank}: new rank {new_rank} is not this rank in {members}")
-        return World(self.version + 1, new_rank, len(members), self.original_rank, members, lost, self.joined,
-                     self.left)
+        members, gone = self._without(failed, new_rank)
+        return World(self.version + 1, new_rank, len(members), self.original_rank, members,
+                     tuple(sorted(set(self.lost) | gone)), self.joined, self.left)
 
     def drained(self, leaving: tuple[int, ...], new_rank: int) -> "World":
         """The world after the ranks ``leaving`` (current numbers) left cleanly; the
         others keep their order, so this rank becomes ``new_rank``."""
-        gone = set(leaving)
+        members, gone = self._without(leaving, new_rank)
+        return World(self.version + 1, new_rank, len(members), self.original_rank, members, self.lost, self.joined,
+                     tuple(sorted(set(self.left) | gone)))
+
+    def _without(self, ranks: tuple[int, ...], new_rank: int) -> tuple[tuple[int, ...], set[int]]:
+        """The members left without the current ranks ``ranks``, and those ranks' numbers."""
+        gone = set(ranks)
         members = tuple(m for r, m in enumerate(self.members) if r not in gone)
-        left = tuple(sorted(set(self.left) | {self.members[r] for r in gone}))
         if members[new_rank] != self.original_rank:
             raise ValueError(f"rank {self.rank}: new rank {new_rank} is not this rank in {members}")
-        return World(self.version + 1, new_rank, len(members), self.original_rank, members, self.lost, self.joined,
-                     left)
+        return members, {self.members[r] for r in gone}
 
     def grown(self, count: int) -> "World":
         """The world after ``count`` new ranks joined, after the current ones (this

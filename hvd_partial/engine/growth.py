@@ -23,6 +23,14 @@ while the world has ``max_np`` ranks. Below that:
 5. every rank, old and new, starts a new engine on the merged communicator;
    streams register again at their first post and number their rounds on.
 
+With ``hosts_file`` set (``hvd-partial-run --host-discovery-script``),
+:func:`follow_hosts` replaces step 1's trigger: the ranks plan from rank 0's
+copy of the launcher's hosts file (:func:`~hvd_partial.core.hosts.plan_world`)
+and, with every stream at rest, stop the engine, split off the ranks whose
+hosts were drained (they raise :class:`~hvd_partial.errors.RankDrained`),
+spawn ranks on free slots, and go on from step 4 (docs/elastic.md, "Hosts
+from a discovery script").
+
 A new process learns that it joins from its parent intercommunicator:
 ``hvd_partial.init`` calls :func:`join_grown_world`, which takes steps 3 to 5
 from its side. Its ``hvd.elastic.run`` then starts, as always, with

@@ -23,6 +23,10 @@ ranks finished, whatever ``mpirun`` says; it prints one summary line, naming
 the ranks lost and those started during the run. ``--max-np`` (and
 ``--min-np``) travel to the ranks as ``HVD_PARTIAL_MAX_NP`` (``_MIN_NP``):
 below it the ranks grow the world back at a commit of ``hvd.elastic.run``.
+``--host-discovery-script`` (:mod:`.discovery`) starts the job on the hosts a
+script lists and rewrites a hosts file in the status folder whenever the list
+changes; at a commit the ranks drain the ranks of hosts no longer listed and
+start ranks on free slots (``HVD_PARTIAL_HOSTS_FILE``).
 """
 
 from __future__ import annotations

@@ -39,7 +39,9 @@ Ranks started during the run to grow the elastic world back
 (:mod:`hvd_partial.engine.growth`) run through the same wrapper, started as
 ``rank_status.py --member F PROGRAM...`` (F: the number of the first rank of
 that grow, after every earlier rank), and record ``joined.N.json``; the
-summary names them as *started*. The wrapper gives its program the command
+summary names them as *started*. A rank whose host the discovery script
+drained writes ``rank.N.drained`` (or ``joined.N.drained``) beside its exit
+marker (:func:`note_drained`); the summary names it as *drained*. The wrapper gives its program the command
 that starts it again (``HVDP_RESPAWN``) and the program (``HVDP_PROGRAM``).
 
 Only the standard library is imported here: the wrapper must start fast and
