@@ -659,8 +659,12 @@ def cmd_throughput_grow(args) -> None:
         + sum(k["steps"] for k in job["kills"].values())
     expected = ref_rate * args.np * args.duration
     zero = reports[0]
+    first_kill = min((k["time"] for k in job["kills"].values()), default=end)
+    own_rate = _rate(job, t0 + 1, first_kill, range(args.np))  # this run's rate before its first kill
     print(f"steps done by all ranks {done}, the reference rate gives {expected:.0f}: ratio {done / expected:.3f}; "
-          f"rank 0 alone {sum(1 for t in zero['ends'] if t0 <= t < end) / (ref_rate * args.duration):.3f} "
+          f"rank 0 alone {sum(1 for t in zero['ends'] if t0 <= t < end) / (ref_rate * args.duration):.3f}; "
+          f"against this run's own rate before its first kill ({own_rate:.2f} steps/s per rank): "
+          f"{done / (own_rate * args.np * args.duration):.3f} "
           f"(ended in a world of {zero['size']}, version {zero['version']}, {len(zero['grows'])} grows)")
     print(f"{'kill':>4} {'at s':>6} {'detect+shrink':>13} {'to commit':>9} {'check':>6} {'stop':>6} "
           f"{'spawn+merge':>11} {'start':>6} {'reset+sync':>10} {'1st round':>9} {'stalled':>8}  (ms, rank 0)")
@@ -691,6 +695,8 @@ def cmd_throughput_grow(args) -> None:
     if rows:
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
         print("medians (ms): " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in med.items()))
+        print(f"rank 0 stalled {sum(r['stalled'] for r in rows):.1f} s of {args.duration:g} s in {len(rows)} grows "
+              f"({sum(r['stalled'] for r in rows) / args.duration:.1%})")
 
 
 def cmd_elastic_off(args) -> None:

@@ -46,14 +46,16 @@ import os
 import pickle
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
-from .. import session
+from .. import faults, session
 from ..collectives.functions import adopt_name_counters, allgather_object, name_counters, run_on_engine
 from ..core.growth import agreed_rounds
 from ..core.hosts import plan_world, same_host
 from ..core.world import World
+from ..errors import RankFailedError
 from ..launch.rank_status import PROGRAM_DIR_ENV, PROGRAM_ENV, RESPAWN_ENV
 from .engine import Engine
 
@@ -200,31 +202,43 @@ def _change(current, carried: dict, leave: tuple, spawn: tuple, began: float, la
         log.warning("changing the world of %d ranks: %d leave (ranks %s, numbered %s: their hosts were drained), "
                     "%d start (%s)", before, len(leave), list(leave), [world.members[r] for r in leave], count,
                     ", ".join(f"{n} on {host or 'the hosts given to mpirun'}" for host, n in spawn) or "none")
-    engine.shutdown()  # flushes every stream (at rest: no round carries data)
-    engine.free_stream_comms()
-    transport = current.transport
-    transport.free()
-    stopped = time.perf_counter()
-    from ..transport.ulfm import spawn_and_merge_on, split_off
+    watch = FailureWatch(f"rank {world.rank}", f"the world changed from {before} to {before - len(leave) + count} "
+                                              f"ranks")
+    watch.follow(current.transport.control, world.members)
+    try:
+        with watch:
+            engine.shutdown()  # flushes every stream (at rest: no round carries data)
+            engine.free_stream_comms()
+            current.transport.free()
+            stopped = time.perf_counter()
+            faults.point("grow_stopped")
+            from ..transport.ulfm import spawn_and_merge_on, split_off
 
-    comm = transport.control
-    if leave:
-        comm = split_off(comm, world.rank in leave)
-        if comm is None:
-            _leave(current, world)
-        world = world.drained(leave, [r for r in range(world.size) if r not in leave].index(world.rank))
-    grown_world = world.grown(count) if count else world
-    started = grown_world.joined[-count:] if count else ()
-    link = None
-    if count:
-        placements = [(_spawn_info(host, launcher_host), n) for host, n in spawn]
-        grown = spawn_and_merge_on(comm, spawn_command(started[0]), placements)
-        comm, link = grown.comm, grown.link
-    spawned = time.perf_counter()
-    handshake = Handshake(grown_world, started, carried, names)
-    size = len(pickle.dumps(handshake, protocol=pickle.HIGHEST_PROTOCOL))
-    comm.bcast(handshake, root=0)
-    _start(current, comm, link, handshake, list(engine.unpark_listeners))
+            comm = current.transport.control
+            if leave:
+                watch.follow(None)  # (the ranks that leave end soon after the split: no failure)
+                comm = split_off(comm, world.rank in leave)
+                if comm is None:
+                    _leave(current, world)
+                world = world.drained(leave, [r for r in range(world.size) if r not in leave].index(world.rank))
+                watch.follow(comm, world.members)
+            grown_world = world.grown(count) if count else world
+            started = grown_world.joined[-count:] if count else ()
+            link = None
+            if count:
+                placements = [(_spawn_info(host, launcher_host), n) for host, n in spawn]
+                grown = spawn_and_merge_on(comm, spawn_command(started[0]), placements)
+                comm, link = grown.comm, grown.link
+                watch.follow(comm, grown_world.members)
+            spawned = time.perf_counter()
+            faults.point("grow_merged")
+            handshake = Handshake(grown_world, started, carried, names)
+            size = len(pickle.dumps(handshake, protocol=pickle.HIGHEST_PROTOCOL))
+            comm.bcast(handshake, root=0)
+            _start(current, comm, link, handshake, list(engine.unpark_listeners))
+    except Exception as err:
+        watch.raise_if_lost(err)
+        raise
     record = Growth(before, grown_world.size, started, size, began)
     record.seconds = {"check": decided - began, "stop": stopped - decided, "spawn": spawned - stopped,
                       "start": time.perf_counter() - spawned}
@@ -233,6 +247,81 @@ def _change(current, carried: dict, leave: tuple, spawn: tuple, began: float, la
              grown_world.size, (time.perf_counter() - began) * 1e3,
              ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in record.seconds.items()))
     return count
+
+
+class FailureWatch:
+    """A rank that dies during a grow is not survived (docs/elastic.md, "What is left"),
+    but must not leave the others waiting: MPI's ``Spawn`` waits forever for a participant
+    that died, and no engine runs during the grow to notice. While the grow's steps run, a
+    thread looks every :attr:`POLL_SECONDS` at the failures MPI knows of on the
+    communicator in use (``follow``); on one it logs an error naming the ranks lost (numbered
+    as in ``World.members``) and ends this process with status 1, so the job fails instead
+    of hanging. A step that raises instead (an MPI error) becomes :class:`RankFailedError`
+    naming them (:meth:`raise_if_lost`). Needs ``MPI_THREAD_MULTIPLE`` (else only the
+    errors are turned into :class:`RankFailedError`)."""
+
+    POLL_SECONDS = 0.05
+    REPORT_SECONDS = 5.0
+
+    def __init__(self, who: str, what: str):
+        self._who, self._what = who, what
+        self._comm, self._members = None, None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = None
+
+    def follow(self, comm, members=None) -> None:
+        """Watch ``comm`` (None: nothing; an intercommunicator: its remote group) whose rank
+        r is numbered ``members[r]`` (None: r)."""
+        with self._lock:
+            self._comm, self._members = comm, None if members is None else tuple(members)
+
+    def lost(self) -> list[int]:
+        """The ranks of the watched communicator MPI knows have failed, numbered as members."""
+        from ..transport.ulfm import failed_ranks
+
+        with self._lock:
+            if self._comm is None:
+                return []
+            return [r if self._members is None else self._members[r] for r in failed_ranks(self._comm)]
+
+    def raise_if_lost(self, err: BaseException) -> None:
+        """Raise :class:`RankFailedError` from ``err`` (a grow step's) if a rank failed: MPI may
+        report the failure itself a moment after the error it caused (``Spawn``'s root gets
+        ``MPI_ERR_INTERN``), so look for :attr:`REPORT_SECONDS` before concluding there was none."""
+        deadline = time.monotonic() + self.REPORT_SECONDS
+        lost = self.lost()
+        while not lost and time.monotonic() < deadline:
+            time.sleep(self.POLL_SECONDS)
+            lost = self.lost()
+        if lost:
+            raise RankFailedError(lost[0], f"rank(s) {lost} died while {self._what} ({self._who} got: {err}); "
+                                           f"a failure during a grow is not survived") from err
+
+    def __enter__(self):
+        from mpi4py import MPI
+
+        if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
+            self._thread = threading.Thread(target=self._run, name="hvdp-grow-watch", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        return False
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.POLL_SECONDS):
+            lost = self.lost()
+            if lost and not self._stop.is_set():
+                log.error("%s: rank(s) %s died while %s; a failure during a grow is not survived: ending this "
+                          "process", self._who, lost, self._what)
+                for stream in (sys.stdout, sys.stderr):
+                    stream.flush()
+                logging.shutdown()
+                os._exit(1)
 
 
 def _leave(current, world: World):
@@ -284,12 +373,23 @@ def join_grown_world():
     """In ``init`` with elastic on: None unless this process was started by a grow;
     then the merged communicator's :class:`~hvd_partial.transport.ulfm.Grown` and the
     :class:`Handshake` rank 0 sent (steps 3 and 4 of the module docstring)."""
+    from mpi4py import MPI
+
     from ..transport.ulfm import has_parent, join_parent_link
 
     if not has_parent():
         return None
-    grown = join_parent_link()
-    handshake = grown.comm.bcast(None, root=0)
+    watch = FailureWatch("a process started by a grow", "it joined the grown world (numbered as the ranks that "
+                                                        "started it)")
+    watch.follow(MPI.Comm.Get_parent())
+    try:
+        with watch:
+            grown = join_parent_link()
+            watch.follow(grown.comm)
+            handshake = grown.comm.bcast(None, root=0)
+    except Exception as err:
+        watch.raise_if_lost(err)
+        raise
     return grown, handshake
 
 

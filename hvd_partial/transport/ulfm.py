@@ -260,6 +260,18 @@ def _ranks_in(group, ranks, other) -> list[int]:
     return list(MPI.Group.Translate_ranks(group, list(ranks), other)) if ranks else []
 
 
+def failed_ranks(comm) -> list[int]:
+    """The ranks of ``comm`` (of its remote group, for an intercommunicator) this process
+    knows have failed (local: no communication; acknowledges nothing), sorted."""
+    failed = comm.Get_failed()
+    group = comm.Get_remote_group() if comm.Is_inter() else comm.Get_group()
+    try:
+        return sorted(r for r in _ranks_in(failed, range(failed.Get_size()), group) if r != MPI.UNDEFINED)
+    finally:
+        failed.Free()
+        group.Free()
+
+
 def _acknowledged(comm) -> frozenset[int]:
     """Acknowledge every failure of ``comm`` this process knows of; the ranks acknowledged."""
     count = comm.Ack_failed()

@@ -51,3 +51,34 @@ def test_a_dead_rank_is_replaced_and_training_ends_on_three(ulfm):
     assert reports[3]["sizes"] == [3], reports[3]  # the new rank took rounds of the grown world only
     assert reports[0]["sizes"] == [2, 3] and reports[0]["resets"] == 2, reports[0]  # the kill, then the grow
     assert_no_leftovers(word)
+
+
+def test_a_rank_dying_during_a_grow_fails_every_rank_naming_it(ulfm):
+    """-np 4 --max-np 5: the first commit grows; rank 3 dies after Spawn and Merge, before
+    the handshake (the named point ``grow_merged``). Not survived, but the job must end,
+    every other rank naming rank 3, instead of hanging. (At ``grow_stopped``, before
+    Spawn, Open MPI's launcher itself now and then aborts or hangs: docs/elastic.md,
+    "What is left".)"""
+    point = "grow_merged"
+    word = token()
+    out_dir = tempfile.mkdtemp(prefix=f"{word}-")
+    cmd = [sys.executable, "-m", "hvd_partial.launch.cli", "--elastic", "-np", "4", "--max-np", "5",
+           sys.executable, str(WORKERS / "elastic_grow.py"), word, "3", "1", str(STEPS), point]
+    try:
+        code, output, stderr, reports = run_member_job(cmd, out_dir, timeout=180)
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    assert code != 0 and not reports, output[-6000:]
+    summary = next(line for line in stderr.splitlines() if "elastic job:" in line)
+    assert "rank 3 (exit 1 mid-run)" in summary and "elastic job: 0 of" in summary, summary
+    named = 0
+    for rank in range(3):
+        # the watch's error, or the RankFailedError of a step that raised; else Open MPI's launcher
+        # ended the rank first (it aborts now and then when a Spawn meets a dead rank)
+        says = (f"rank {rank}: rank(s) [3] died while the world changed from 4 to 5 ranks" in output
+                or f"rank(s) [3] died while the world changed from 4 to 5 ranks (rank {rank} got:" in output)
+        named += says
+        assert says or f"rank {rank} (no exit recorded)" in summary or f"rank {rank} (killed by" in summary, \
+            (rank, output[-6000:])
+    assert named, output[-6000:]
+    assert_no_leftovers(word)
