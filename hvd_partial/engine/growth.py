@@ -199,9 +199,10 @@ def _change(current, carried: dict, leave: tuple, spawn: tuple, began: float, la
     count = sum(c for _, c in spawn)
     names = name_counters()  # (read while the engine runs)
     if world.rank == 0:
-        log.warning("changing the world of %d ranks: %d leave (ranks %s, numbered %s: their hosts were drained), "
-                    "%d start (%s)", before, len(leave), list(leave), [world.members[r] for r in leave], count,
-                    ", ".join(f"{n} on {host or 'the hosts given to mpirun'}" for host, n in spawn) or "none")
+        parts = [f"ranks {list(leave)} (numbered {[world.members[r] for r in leave]}) leave, their hosts drained"]
+        parts = (parts if leave else []) + [f"starting {n} rank(s) on {host or 'the hosts given to mpirun'}"
+                                            for host, n in spawn]
+        log.warning("changing the world of %d ranks: %s", before, "; ".join(parts))
     watch = FailureWatch(f"rank {world.rank}", f"the world changed from {before} to {before - len(leave) + count} "
                                               f"ranks")
     watch.follow(current.transport.control, world.members)
@@ -237,7 +238,8 @@ def _change(current, carried: dict, leave: tuple, spawn: tuple, began: float, la
             comm.bcast(handshake, root=0)
             _start(current, comm, link, handshake, list(engine.unpark_listeners))
     except Exception as err:
-        watch.raise_if_lost(err)
+        if _mpi_error(err):
+            watch.raise_if_lost(err)
         raise
     record = Growth(before, grown_world.size, started, size, began)
     record.seconds = {"check": decided - began, "stop": stopped - decided, "spawn": spawned - stopped,
@@ -247,6 +249,13 @@ def _change(current, carried: dict, leave: tuple, spawn: tuple, began: float, la
              grown_world.size, (time.perf_counter() - began) * 1e3,
              ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in record.seconds.items()))
     return count
+
+
+def _mpi_error(err: BaseException) -> bool:
+    """An error of MPI (mpi4py's), or the grow's :class:`RecoveryError` wrapping one."""
+    from ..errors import RecoveryError
+
+    return isinstance(err, RecoveryError) or type(err).__module__.startswith("mpi4py")
 
 
 class FailureWatch:
@@ -388,7 +397,8 @@ def join_grown_world():
             watch.follow(grown.comm)
             handshake = grown.comm.bcast(None, root=0)
     except Exception as err:
-        watch.raise_if_lost(err)
+        if _mpi_error(err):
+            watch.raise_if_lost(err)
         raise
     return grown, handshake
 

@@ -25,10 +25,9 @@ import time
 import numpy as np
 
 import hvd_partial as hvd
+from elastic_grow import WIDTH, train  # (this folder is the script's: first on sys.path)
 from hvd_partial.errors import RankDrained
-from hvd_partial.elastic import ObjectState, run
-
-WIDTH = 16
+from hvd_partial.elastic import ObjectState
 
 
 def main(_token, slots_file, change_step, new_slots, steps):
@@ -45,23 +44,13 @@ def main(_token, slots_file, change_step, new_slots, steps):
             state.weights += result.array
             seen["sizes"].add(result.world_size)
 
-    @run
-    def train(state):
-        while state.step < steps:
-            grad = np.zeros(WIDTH)
-            grad[hvd.world().original_rank % WIDTH] = 1.0
-            apply(hvd.partial_allreduce(grad, "grads", mode=hvd.Solo(), op=hvd.Sum))
-            state.step += 1
-            if state.step == change_step and hvd.world().rank == 0 and not seen["changed"]:
-                seen["changed"] = True
-                change_slots(slots_file, new_slots)
-            if state.step % 3 == 0:
-                apply(hvd.flush("grads"))
-                state.commit()
-        apply(hvd.flush("grads"))
+    def each_step(state):
+        if state.step == change_step and hvd.world().rank == 0 and not seen["changed"]:
+            seen["changed"] = True
+            change_slots(slots_file, new_slots)
 
     try:
-        train(state)
+        train(state, steps, apply, each_step)
     except RankDrained as drained:
         report(me.original_rank, state, seen, is_new, drained=str(drained))
         raise

@@ -54,19 +54,7 @@ def main(_token, victim, kill_round, steps, point="round_launched"):
                 if world.size - 1 in result.contributors:
                     seen["new_rank_contributed"] = True
 
-    @run
-    def train(state):
-        while state.step < steps:
-            grad = np.zeros(WIDTH)
-            grad[hvd.world().original_rank % WIDTH] = 1.0
-            apply(hvd.partial_allreduce(grad, "grads", mode=hvd.Solo(), op=hvd.Sum))
-            state.step += 1
-            if state.step % 3 == 0:
-                apply(hvd.flush("grads"))
-                state.commit()
-        apply(hvd.flush("grads"))
-
-    train(state)
+    train(state, steps, apply)
     world = hvd.world()
     from hvd_partial.engine.growth import history
 
@@ -85,6 +73,23 @@ def main(_token, victim, kill_round, steps, point="round_launched"):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+@run
+def train(state, steps, apply, each_step=lambda state: None):
+    """Each step posts a one-hot gradient (at the rank's number) to a solo stream and
+    ``apply``s the rounds taken; every 3 steps a flush and a commit. ``each_step(state)``
+    runs after each step's post."""
+    while state.step < steps:
+        grad = np.zeros(WIDTH)
+        grad[hvd.world().original_rank % WIDTH] = 1.0
+        apply(hvd.partial_allreduce(grad, "grads", mode=hvd.Solo(), op=hvd.Sum))
+        state.step += 1
+        each_step(state)
+        if state.step % 3 == 0:
+            apply(hvd.flush("grads"))
+            state.commit()
+    apply(hvd.flush("grads"))
 
 
 def hvd_digest(array) -> str:
