@@ -13,6 +13,8 @@ the Open MPI 5 environment ``bash ci/test-openmpi`` makes
     python benchmarks/elastic_kills.py time-lost --np 4
     python benchmarks/elastic_kills.py time-lost --np 8
     python benchmarks/elastic_kills.py throughput --np 8 --period 30 --duration 120
+    python benchmarks/elastic_kills.py throughput-grow --np 4 --period 30 --duration 120
+    python benchmarks/elastic_kills.py throughput-grow --np 8 --period 30 --duration 120
     python benchmarks/elastic_kills.py elastic-off --old /work/wt-old --runs 5
 
 Every elastic job is ``mpirun --with-ft ulfm --mca btl tcp,self --oversubscribe
@@ -62,6 +64,21 @@ throughput
     kills) the steps per second per rank against the reference at that size,
     and the ratio of all steps done by the killed run to what the reference
     rates give for the same sizes and durations.
+
+throughput-grow
+    The same loop inside ``hvd.elastic.run`` with ``max_np`` = ``--np`` (replacement): a
+    flush and ``state.commit()`` every ``--commit-every`` steps, an ``ObjectState`` of
+    ``--state-mb`` MB of weights (what ``sync()`` sends a new rank). Every ``--period``
+    seconds a rank is SIGKILLed: first one of the ranks mpirun started (not rank 0), then
+    each time the rank started to replace the one before (Open MPI ends the job once half
+    the processes it started died; a grow's processes count apart). Reference: a no-kill
+    run of ``--np`` ranks, ``--ref-seconds``. Printed: all ranks' steps over ``--duration``
+    (the victims' up to their deaths) against the reference rate times ``np`` times the
+    duration, and, per kill, rank 0's time split: kill to the first round of the shrunk
+    world (detection and shrink), from the reset to the grow's decision (waiting for the
+    next commit, training on), the grow's steps (``check``, the old engine's ``stop``,
+    ``spawn`` and merge, ``start`` of the new engine), the reset and ``sync()``, the first
+    round of the grown world, and ``stalled``: from the grow's decision to that round.
 
 elastic-off
     ``benchmarks/engine.py`` scenario (b) (injected imbalance; no elastic, the
@@ -268,6 +285,84 @@ def worker_throughput(out: str, spec: dict) -> None:
     _end(out, me, {"t0": t0, "ends": ends, "rounds": rounds, "size": hvd.size(), "version": hvd.world().version})
 
 
+def worker_throughput_grow(out: str, spec: dict) -> None:
+    """The balanced loop in ``hvd.elastic.run`` with ``max_np`` = the job's size: a flush and
+    ``state.commit()`` every ``commit_every`` steps, then rank 0 says whether the time is up.
+    A killed rank is replaced at the commit after the survivors' reset; a new rank runs this
+    same function (started by the grow) and joins."""
+    import threading
+
+    import numpy as np
+
+    import hvd_partial as hvd
+    from hvd_partial import session
+    from hvd_partial.elastic import ObjectState, run
+    from hvd_partial.engine.growth import history
+
+    quiet = {} if spec.get("observer", True) else {"stall_warning_seconds": 0.0, "report_seconds": 0.0}
+    hvd.init(elastic=True, mode="solo", failure_timeout_seconds=600.0, max_np=spec["np"], **quiet)
+    world = hvd.world()
+    me, is_new = world.original_rank, world.original_rank in world.joined
+    work = Work(spec["work_ms"] / 1000)
+    x = np.ones(int(spec["mb"] * 1e6) // 4, np.float32)
+    state = ObjectState(weights=np.zeros(int(spec["state_mb"] * 1e6) // 8), t0=0.0, reps=0, step=0)
+    rec = {"resets": [], "entries": [], "firsts": {}, "ends": [], "recoveries": {}, "armed": False}
+
+    def on_reset():
+        rec["resets"].append((now(), hvd.size(), hvd.world().version))
+        for r in session.current().engine.recoveries:  # (a grow starts a new engine: keep them now)
+            rec["recoveries"][r.world.version] = r.seconds
+
+    state.register_reset_callbacks([on_reset])
+
+    def take(results):
+        for r in results:
+            if r.world_version not in rec["firsts"]:
+                rec["firsts"][r.world_version] = (now(), r.world_size)
+
+    @run
+    def train(state):
+        rec["entries"].append((now(), hvd.size(), hvd.world().version))
+        if not state.reps:  # the first pass: the same work everywhere, warm-up, one start for all
+            state.reps = int(statistics.median(hvd.allgather_object(work.reps)))
+            for _ in range(spec["warmup"]):
+                work()
+                take(hvd.partial_allreduce(x, "g", op=hvd.Sum))
+            take(hvd.flush("g"))
+            state.t0 = hvd.broadcast_object(now(), root_rank=0)
+        if not rec["armed"]:  # (a new rank: once it has the start time from sync())
+            rec["armed"] = True
+            arm(state.t0)
+        work.reps = state.reps
+        while True:
+            for _ in range(spec["commit_every"]):
+                work()
+                take(hvd.partial_allreduce(x, "g", op=hvd.Sum))
+                rec["ends"].append(now())
+            take(hvd.flush("g"))
+            state.step += spec["commit_every"]
+            state.commit()
+            if hvd.broadcast_object(now() >= state.t0 + spec["duration"], root_rank=0, name="bench.stop"):
+                return
+
+    def arm(t0):
+        for victim, at in spec["kills"]:
+            if victim == me:
+                def kill(at=at):
+                    _write(os.path.join(out, f"kill{me}.json"),
+                           {"rank": me, "time": now(), "planned": t0 + at, "steps": len(rec["ends"])})
+                    os.kill(os.getpid(), signal.SIGKILL)
+                threading.Timer(max(0.0, t0 + at - now()), kill).start()
+
+    train(state)
+    grows = [{"began": g.began, "seconds": g.seconds, "before": g.before, "after": g.after,
+              "bytes": g.handshake_bytes} for g in history()]
+    _end(out, me, {"t0": state.t0, "ends": rec["ends"], "size": hvd.size(), "version": hvd.world().version,
+                   "is_new": is_new, "resets": rec["resets"], "entries": rec["entries"],
+                   "firsts": {str(k): v for k, v in rec["firsts"].items()}, "grows": grows,
+                   "recoveries": {str(k): v for k, v in rec["recoveries"].items()}})
+
+
 def worker_main(argv) -> None:
     kind, out, spec = argv[0], argv[1], json.loads(argv[2])
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -279,8 +374,8 @@ def worker_main(argv) -> None:
 
     me = MPI.COMM_WORLD.Get_rank()
     try:
-        {"consistency": worker_consistency, "time-lost": worker_time_lost, "throughput": worker_throughput}[kind](
-            out, spec)
+        {"consistency": worker_consistency, "time-lost": worker_time_lost, "throughput": worker_throughput,
+         "throughput-grow": worker_throughput_grow}[kind](out, spec)
     except BaseException as exc:  # noqa: BLE001 - reported as a crash
         import traceback
 
@@ -532,6 +627,78 @@ def cmd_throughput(args) -> None:
           f"{job['reports'][survivors[0]]['version']})")
 
 
+def cmd_throughput_grow(args) -> None:
+    n_kills = int(args.duration // args.period) - (args.duration % args.period == 0)
+    # The first victim is a rank of the job mpirun started (not rank 0, which reports the time split);
+    # each later one is the rank started to replace the one before (numbered np, np + 1, ...): Open MPI
+    # ends the job once half of the processes it started died, and a grow's processes count apart.
+    victims = [random.Random(args.seed).randrange(1, args.np)] + [args.np + i for i in range(n_kills - 1)]
+    print(f"throughput with replacement: np={args.np} max_np={args.np} period={args.period}s "
+          f"duration={args.duration}s kills={n_kills} victims={victims} seed={args.seed}, {args.mb} MB posts, "
+          f"{args.work_ms} ms work, a flush and commit every {args.commit_every} steps, {args.state_mb} MB state; "
+          f"reference {args.ref_seconds}s; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}", flush=True)
+    base = {"mb": args.mb, "work_ms": args.work_ms, "warmup": args.warmup, "observer": args.observer,
+            "np": args.np, "commit_every": args.commit_every, "state_mb": args.state_mb}
+    ref = run_job(args, args.np, "throughput-grow", {**base, "duration": args.ref_seconds, "kills": []},
+                  args.ref_seconds + 180)
+    if ref["hung"] or sorted(ref["reports"]) != list(range(args.np)):
+        print(f"FAILED reference: hung={ref['hung']} reports={sorted(ref['reports'])}\n{ref['tail']}")
+        return
+    t0 = ref["reports"][0]["t0"]
+    ref_rate = _rate(ref, t0 + 1, t0 + args.ref_seconds, range(args.np))
+    print(f"reference, {args.np} ranks, no kill: {ref_rate:.2f} steps/s per rank", flush=True)
+    spec = {**base, "duration": args.duration, "kills": [[v, args.period * (i + 1)] for i, v in enumerate(victims)]}
+    job = run_job(args, args.np, "throughput-grow", spec, args.duration + 300)
+    reports = {m: r for m, r in job["reports"].items() if "error" not in r}
+    if job["hung"] or 0 not in reports or not set(range(args.np)) - {victims[0]} <= set(reports):
+        print(f"FAILED: hung={job['hung']} killed={sorted(job['kills'])} reports={sorted(job['reports'])}\n"
+              f"{[r.get('error') for r in job['reports'].values()]}\n{job['tail']}")
+        return
+    t0, end = reports[0]["t0"], reports[0]["t0"] + args.duration
+    done = sum(sum(1 for t in r["ends"] if t0 <= t < end) for r in reports.values()) \
+        + sum(k["steps"] for k in job["kills"].values())
+    expected = ref_rate * args.np * args.duration
+    zero = reports[0]
+    first_kill = min((k["time"] for k in job["kills"].values()), default=end)
+    own_rate = _rate(job, t0 + 1, first_kill, range(args.np))  # this run's rate before its first kill
+    print(f"steps done by all ranks {done}, the reference rate gives {expected:.0f}: ratio {done / expected:.3f}; "
+          f"rank 0 alone {sum(1 for t in zero['ends'] if t0 <= t < end) / (ref_rate * args.duration):.3f}; "
+          f"against this run's own rate before its first kill ({own_rate:.2f} steps/s per rank): "
+          f"{done / (own_rate * args.np * args.duration):.3f} "
+          f"(ended in a world of {zero['size']}, version {zero['version']}, {len(zero['grows'])} grows)")
+    print(f"{'kill':>4} {'at s':>6} {'detect+shrink':>13} {'to commit':>9} {'check':>6} {'stop':>6} "
+          f"{'spawn+merge':>11} {'start':>6} {'reset+sync':>10} {'1st round':>9} {'stalled':>8}  (ms, rank 0)")
+    rows = []
+    for i, victim in enumerate(victims):
+        if victim not in job["kills"]:
+            print(f"{i:4d} rank {victim} was not there to kill (not started yet)")
+            continue
+        tk = job["kills"][victim]["time"]
+        grow = next((g for g in zero["grows"] if g["began"] > tk), None)
+        shrink_version = next((v for t, size, v in zero["resets"] if t > tk), None)
+        if grow is None or shrink_version is None:
+            print(f"{i:4d} {tk - t0:6.1f} no grow after this kill (the run ended first)")
+            continue
+        grown_version = shrink_version + 1
+        shrunk_round = zero["firsts"].get(str(shrink_version), [float("nan")])[0]
+        reset_at = next(t for t, size, v in zero["resets"] if t > tk)
+        grow_end = grow["began"] + sum(grow["seconds"].values())
+        entry = next(t for t, size, v in zero["entries"] if v == grown_version)
+        first = zero["firsts"].get(str(grown_version), [float("nan")])[0]
+        row = {"detect": shrunk_round - tk, "commit": grow["began"] - reset_at, **grow["seconds"],
+               "sync": entry - grow_end, "first": first - entry, "stalled": first - grow["began"]}
+        rows.append(row)
+        print(f"{i:4d} {tk - t0:6.1f} {row['detect'] * 1e3:13.1f} {row['commit'] * 1e3:9.1f} "
+              f"{row['check'] * 1e3:6.1f} {row['stop'] * 1e3:6.1f} {row['spawn'] * 1e3:11.1f} "
+              f"{row['start'] * 1e3:6.1f} {row['sync'] * 1e3:10.1f} {row['first'] * 1e3:9.1f} "
+              f"{row['stalled'] * 1e3:8.1f}")
+    if rows:
+        med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        print("medians (ms): " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in med.items()))
+        print(f"rank 0 stalled {sum(r['stalled'] for r in rows):.1f} s of {args.duration:g} s in {len(rows)} grows "
+              f"({sum(r['stalled'] for r in rows) / args.duration:.1%})")
+
+
 def cmd_elastic_off(args) -> None:
     trees = {"old": os.path.abspath(args.old), "new": REPO}
     for name, tree in trees.items():
@@ -594,19 +761,22 @@ def main() -> None:
     p.add_argument("--mb", type=float, default=1.0)
     p.add_argument("--work-ms", type=float, default=5.0)
     p.add_argument("--timeout", type=float, default=120.0)
-    p = sub.add_parser("throughput")
-    p.add_argument("--np", type=int, default=8)
-    p.add_argument("--period", type=float, default=30.0)
-    p.add_argument("--duration", type=float, default=120.0)
-    p.add_argument("--ref-seconds", type=float, default=20.0)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--mb", type=float, default=1.0)
-    p.add_argument("--work-ms", type=float, default=5.0)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--observer", action="store_true",
-                   help="keep the stall inspector and report on (off by default: with them on, the first kill "
-                        "crashes a survivor's engine, MPI_ERR_RANK in observe/monitor.py, see "
-                        "docs/history/elastic-measurements.md)")
+    for name, np_, ref in (("throughput", 8, 20.0), ("throughput-grow", 4, 40.0)):
+        p = sub.add_parser(name)
+        p.add_argument("--np", type=int, default=np_)
+        p.add_argument("--period", type=float, default=30.0)
+        p.add_argument("--duration", type=float, default=120.0)
+        p.add_argument("--ref-seconds", type=float, default=ref)
+        p.add_argument("--seed", type=int, default=1)
+        p.add_argument("--mb", type=float, default=1.0)
+        p.add_argument("--work-ms", type=float, default=5.0)
+        p.add_argument("--warmup", type=int, default=10)
+        p.add_argument("--observer", action="store_true",
+                       help="keep the stall inspector and report on (off by default: with them on, the first kill "
+                            "crashes a survivor's engine, MPI_ERR_RANK in observe/monitor.py, see "
+                            "docs/history/elastic-measurements.md)")
+    p.add_argument("--state-mb", type=float, default=8.0, help="float64 weights in the ObjectState that sync() sends")
+    p.add_argument("--commit-every", type=int, default=10)
     p = sub.add_parser("elastic-off")
     p.add_argument("--old", default="/work/wt-old", help="worktree of the commit before the elastic work")
     p.add_argument("--runs", type=int, default=5)
@@ -617,7 +787,7 @@ def main() -> None:
     p.add_argument("--engine-python", default=sys.executable)
     args = parser.parse_args()
     {"consistency": cmd_consistency, "time-lost": cmd_time_lost, "throughput": cmd_throughput,
-     "elastic-off": cmd_elastic_off}[args.cmd](args)
+     "throughput-grow": cmd_throughput_grow, "elastic-off": cmd_elastic_off}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -106,6 +106,12 @@ class Config:
     #: Elastic training: the fewest ranks to go on with (``hvd-partial-run --min-np``). A failure
     #: that leaves fewer stops every survivor with ``RankFailedError`` naming the ranks lost. 0: any.
     min_np: int = 0
+    #: Elastic training: the file ``hvd-partial-run --host-discovery-script`` writes the
+    #: discovered hosts to (JSON, :func:`hvd_partial.core.hosts.hosts_document`). When set,
+    #: each ``state.commit()`` of the elastic API reads it (rank 0, shared with every rank)
+    #: and drains the ranks of hosts no longer listed and starts ranks on free slots
+    #: (docs/elastic.md, "Hosts from a discovery script"). Empty: not followed.
+    hosts_file: str = ""
 
     def __post_init__(self):
         if self.max_staleness < 0:

@@ -125,6 +125,23 @@ class HostsUpdatedInterrupt(HvdPartialError):
         super().__init__(message)
 
 
+class RankDrained(SystemExit):
+    """Elastic training with ``hvd-partial-run --host-discovery-script``: this rank's host
+    is no longer listed (or lists fewer slots), so the rank left the world cleanly at this
+    ``state.commit()``: every round it took part in is summed on the others, its session is
+    shut down. Raised by ``state.commit()`` on the rank that leaves; ``hvd.elastic.run`` lets
+    it through, and uncaught it ends the program with status 0, without ``MPI_Finalize``
+    (which would wait for the job's end). A ``SystemExit``, so ``except Exception`` does not
+    catch it (docs/elastic.md, "Hosts from a discovery script")."""
+
+    def __init__(self, message: str):
+        super().__init__(0)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class PartialResultError(HvdPartialError):
     """Elastic training, internal: a reduction or helper collective completed on
     this rank without every rank's part (Open MPI's nonblocking collectives can,

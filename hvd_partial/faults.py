@@ -7,8 +7,10 @@ round's reduction started on this rank), ``round_completed``,
 ``post_submitted`` (the engine took a post), ``flush_submitted``,
 ``helper_started`` (a helper collective's data exchange started),
 ``registration_reported`` (a stream's first post went into its registration)
-and ``recovery_shrunk`` (survivors agreed and shrank; a second failure here
-is one during recovery).
+``recovery_shrunk`` (survivors agreed and shrank; a second failure here
+is one during recovery), ``grow_stopped`` (a grow stopped the engine, before
+``Spawn``) and ``grow_merged`` (a grow's ``Spawn`` and ``Merge`` are done,
+before the handshake).
 
 Example (a test's worker)::
 

@@ -18,11 +18,11 @@ Example::
     train(elastic.ObjectState(epoch=0))
 """
 
-from ..errors import HorovodInternalError, HostsUpdatedInterrupt
+from ..errors import HorovodInternalError, HostsUpdatedInterrupt, RankDrained
 from .collectives import ElasticCollectives
 from .runner import ResetLimitError, run
 from .sampling import EpochShards
 from .state import ObjectState, State
 
 __all__ = ["run", "State", "ObjectState", "ElasticCollectives", "EpochShards", "ResetLimitError",
-           "HorovodInternalError", "HostsUpdatedInterrupt"]
+           "HorovodInternalError", "HostsUpdatedInterrupt", "RankDrained"]

@@ -72,7 +72,10 @@ class State:
         ``HorovodInternalError`` on every survivor when the world changed and
         the change is not yet acknowledged, and
         ``HostsUpdatedInterrupt(skip_sync=True)`` when the world changed since
-        this state last saw it but the program already acknowledged it."""
+        this state last saw it but the program already acknowledged it. With
+        ``hosts_file`` set, ranks whose hosts were drained raise
+        :class:`~hvd_partial.errors.RankDrained` here (docs/elastic.md, "Hosts from
+        a discovery script")."""
         world = self._collectives.world()
         # A helper collective: it fails on every survivor alike after a change nobody has acknowledged,
         # so that survivors that read the world version at different moments still leave at the same call.

@@ -80,7 +80,7 @@ def recover(transport, driver: Driver, reductions: Reductions, helpers, world: W
             members = tuple(m for r, m in enumerate(world.members) if r not in set(shrunk.failed))
             failed_total |= {world.members[r] for r in shrunk.failed}
             new_world = World(world.version + 1, shrunk.comm.Get_rank(), len(members), world.original_rank, members,
-                              tuple(sorted(set(world.lost) | failed_total)), world.joined)
+                              tuple(sorted(set(world.lost) | failed_total)), world.joined, world.left)
             worlds[new_world.version] = new_world  # (before anything else can fail: a retry shrinks this world)
             faults.point("recovery_shrunk")
             if not reductions.duplicating:  # (a communicator still being made must not be revoked)

@@ -23,6 +23,10 @@ ranks finished, whatever ``mpirun`` says; it prints one summary line, naming
 the ranks lost and those started during the run. ``--max-np`` (and
 ``--min-np``) travel to the ranks as ``HVD_PARTIAL_MAX_NP`` (``_MIN_NP``):
 below it the ranks grow the world back at a commit of ``hvd.elastic.run``.
+``--host-discovery-script`` (:mod:`.discovery`) starts the job on the hosts a
+script lists and rewrites a hosts file in the status folder whenever the list
+changes; at a commit the ranks drain the ranks of hosts no longer listed and
+start ranks on free slots (``HVD_PARTIAL_HOSTS_FILE``).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import tempfile
 
 from ..config import ENV_PREFIX, load_config
 from ..errors import ConfigError
-from .hostfile import HostfileError, hosts_argument, parse_hostfile, parse_hosts, total_slots, write_hostfile
+from .hostfile import Host, HostfileError, hosts_argument, parse_hostfile, parse_hosts, total_slots, write_hostfile
 from .mpiexec import MpiFlavor, detect_flavor, find_mpiexec, mpiexec_command
 from . import rank_status
 
@@ -74,8 +78,8 @@ TUNING_FLAGS = {
     "--no-log-hide-timestamp": False, "--no-timeline-mark-cycles": False, "--timeline-mark-cycles": False,
 }
 
-_NO_GROWTH = ("following hosts during a run is not built: --elastic survives ranks that die and, with --max-np, "
-              "starts new ones on the hosts given; list the hosts with -H/--hostfile")
+_NO_BLACKLIST = ("hosts are not blacklisted: a host the discovery script stops listing is drained, one it lists "
+                 "again is used again")
 
 #: Open MPI's launch options for ULFM fault tolerance (docs/elastic.md): without --with-ft ulfm a dead
 #: rank ends the job; with the shared-memory transport its peers on the same host hang.
@@ -95,8 +99,7 @@ REFUSED_FLAGS = {
     "--config-file": "give the settings as flags or HVD_PARTIAL_* variables",
     "--binding-args": "processes are never bound to cores (the engine thread needs its own); pass MPI binding "
                       "options with --mpi-args if you must",
-    "--host-discovery-script": _NO_GROWTH, "--slots-per-host": _NO_GROWTH, "--elastic-timeout": _NO_GROWTH,
-    "--reset-limit": _NO_GROWTH, "--blacklist-cooldown-range": _NO_GROWTH,
+    "--blacklist-cooldown-range": _NO_BLACKLIST,
     "-prefix-timestamp": "not supported; pass your MPI's option with --mpi-args (Open MPI: --timestamp-output)",
     "--prefix-output-with-timestamp": "not supported; pass your MPI's option with --mpi-args",
 }
@@ -121,6 +124,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="elastic: most ranks (default -np); after a rank died, the survivors start new ones up to "
                         "this many at a state.commit() of hvd.elastic.run (implies --elastic)")
     p.add_argument("-hostfile", "--hostfile", help="file with one host per line: 'host slots=N' or 'host:N'")
+    p.add_argument("--host-discovery-script",
+                   help="elastic: an executable that prints the available hosts, 'host' or 'host:slots' per line; "
+                        "run at start and every second: ranks of hosts it stops listing leave at a state.commit(), "
+                        "free slots get new ranks there (implies --elastic)")
+    p.add_argument("--slots-per-host", type=int, help="slots of a host the discovery script lists without (default 1)")
+    p.add_argument("--elastic-timeout", type=float,
+                   help="seconds to wait at start for the discovery script to list --min-np slots (default 600)")
+    p.add_argument("--reset-limit", type=int,
+                   help="elastic: most resets of hvd.elastic.run (HOROVOD_ELASTIC_RESET_LIMIT)")
     # horovodrun's -p and -i are rewritten to these by split_horovod_flags: as argparse
     # short options they would swallow values such as --mpi-args "-ppn 2".
     p.add_argument("--ssh-port", type=int, help="ssh port of the hosts (-p; passed to the MPI launcher's ssh)")
@@ -160,7 +172,7 @@ def split_horovod_flags(argv: list[str]) -> tuple[list[str], list[str]]:
     tuning flags dropped)."""
     kept, dropped = [], []
     i = 0
-    value_options = {"-np", "--num-proc", "--min-np", "--min-num-proc", "--max-np", "--max-num-proc", "-H", "--hosts", "-hostfile", "--hostfile", "-p", "--ssh-port", "-i",
+    value_options = {"-np", "--num-proc", "--min-np", "--min-num-proc", "--max-np", "--max-num-proc", "-H", "--hosts", "-hostfile", "--hostfile", "--host-discovery-script", "--slots-per-host", "--elastic-timeout", "--reset-limit", "-p", "--ssh-port", "-i",
                      "--ssh-identity-file", "--network-interface", "--network-interfaces", "--output-filename",
                      "--mode", "--max-staleness", "--quorum", "--seed", "--timeline-filename",
                      "--stall-check-warning-time-seconds", "--stall-check-shutdown-time-seconds",
@@ -207,20 +219,29 @@ def settings_env(args) -> dict[str, str]:
             env[ENV_PREFIX + "MAX_NP"] = str(args.max_np)
         if args.min_np is not None:  # fewer survivors stop
             env[ENV_PREFIX + "MIN_NP"] = str(args.min_np)
+        if getattr(args, "reset_limit", None) is not None:
+            from ..elastic.runner import RESET_LIMIT_VARIABLE
+
+            env[RESET_LIMIT_VARIABLE] = str(args.reset_limit)
     return env
 
 
 def is_elastic(args) -> bool:
-    """``--elastic``, or horovodrun's ``--min-np``/``--max-np``, which imply it."""
+    """``--elastic``, or horovodrun's ``--min-np``/``--max-np``/``--host-discovery-script``, which imply it."""
     return bool(getattr(args, "elastic", False) or getattr(args, "min_np", None) is not None
-                or getattr(args, "max_np", None) is not None)
+                or getattr(args, "max_np", None) is not None or getattr(args, "host_discovery_script", None))
 
 
 def job_size(args) -> tuple[list | None, int, int]:
     """(hosts, ranks to start, ranks that must finish) from -np, -H/--hostfile and --min-np/--max-np."""
     if args.hosts and args.hostfile:
         raise ConfigError("give -H/--hosts or --hostfile, not both")
-    hosts = parse_hosts(args.hosts) if args.hosts else parse_hostfile(args.hostfile) if args.hostfile else None
+    if getattr(args, "host_discovery_script", None):
+        if args.hosts or args.hostfile:
+            raise ConfigError("give -H/--hosts, --hostfile or --host-discovery-script, not two of them")
+        hosts = discovered_hosts(args)
+    else:
+        hosts = parse_hosts(args.hosts) if args.hosts else parse_hostfile(args.hostfile) if args.hostfile else None
     nprocs = args.np if args.np is not None else (total_slots(hosts) if hosts else None)
     if nprocs is None and args.max_np is not None:
         nprocs = args.max_np
@@ -237,6 +258,18 @@ def job_size(args) -> tuple[list | None, int, int]:
         if args.max_np is not None and args.max_np < nprocs:
             raise ConfigError(f"--max-np {args.max_np} is below the {nprocs} ranks started (-np)")
     return hosts, nprocs, min_np
+
+
+def discovered_hosts(args) -> list[Host]:
+    """The hosts the discovery script lists at start (run once per launch, then kept in
+    ``args``): waits up to ``--elastic-timeout`` for ``--min-np`` slots."""
+    if getattr(args, "discovered", None) is None:
+        from .discovery import wait_for_hosts
+
+        found = wait_for_hosts(args.host_discovery_script, args.slots_per_host or 1, args.min_np or 1,
+                               600.0 if args.elastic_timeout is None else args.elastic_timeout)
+        args.discovered = [Host(name, slots) for name, slots in found]
+    return args.discovered
 
 
 def build_command(args, environ: dict | None = None) -> tuple[list[str], dict[str, str], list[str]]:
@@ -271,9 +304,14 @@ def build_command(args, environ: dict | None = None) -> tuple[list[str], dict[st
         status_dir = tempfile.mkdtemp(prefix="hvdp-ranks-")
         temporary.append(status_dir)
         extra_env[rank_status.STATUS_DIR_ENV] = status_dir
+        if args.host_discovery_script:  # the ranks follow the hosts the launcher writes there
+            from .discovery import HOSTS_FILE
+
+            extra_env[ENV_PREFIX + "HOSTS_FILE"] = os.path.join(status_dir, HOSTS_FILE)
         environ.update(extra_env)
         command = [sys.executable, "-I", os.path.abspath(rank_status.__file__)] + command
-    cmd = mpiexec_command(nprocs, command, hosts=hosts_argument(hosts) if args.hosts else None,
+    cmd = mpiexec_command(nprocs, command,
+                          hosts=hosts_argument(hosts) if args.hosts or args.host_discovery_script else None,
                           hostfile=hostfile, env={**env_settings, **extra_env}, mpiexec=exe)
     extra = (ULFM_OPTIONS if elastic else []) + launcher_options(args, flavor, nprocs) \
         + (shlex.split(args.mpi_args) if args.mpi_args else [])
@@ -355,7 +393,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         _remove(temporary)
         return 0
-    _, nprocs, min_np = job_size(args)
+    hosts, nprocs, min_np = job_size(args)
+    watcher = None
+    if args.host_discovery_script:  # the hosts file the ranks read, rewritten when the script's list changes
+        from .discovery import HostsWatcher
+
+        watcher = HostsWatcher(args.host_discovery_script, args.slots_per_host or 1,
+                               environ[ENV_PREFIX + "HOSTS_FILE"], [(h.name, h.slots) for h in hosts])
+        watcher.start()
     proc = subprocess.Popen(cmd, env=environ)
     try:
         code = proc.wait()
@@ -367,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
             proc.kill()
             code = proc.wait()
     finally:
+        if watcher is not None:
+            watcher.stop()
         status_dir = environ.get(rank_status.STATUS_DIR_ENV) if is_elastic(args) else None
         records = rank_status.collect(status_dir, nprocs) if status_dir else None
         _remove(temporary)

@@ -39,7 +39,9 @@ Ranks started during the run to grow the elastic world back
 (:mod:`hvd_partial.engine.growth`) run through the same wrapper, started as
 ``rank_status.py --member F PROGRAM...`` (F: the number of the first rank of
 that grow, after every earlier rank), and record ``joined.N.json``; the
-summary names them as *started*. The wrapper gives its program the command
+summary names them as *started*. A rank whose host the discovery script
+drained writes ``rank.N.drained`` (or ``joined.N.drained``) beside its exit
+marker (:func:`note_drained`); the summary names it as *drained*. The wrapper gives its program the command
 that starts it again (``HVDP_RESPAWN``) and the program (``HVDP_PROGRAM``).
 
 Only the standard library is imported here: the wrapper must start fast and
@@ -96,14 +98,33 @@ def note_exit_for_launcher() -> None:
         return
     note_exit_for_launcher._registered = True
 
-    def mark():
-        try:
-            with open(path, "w") as fh:
-                fh.write(str(os.getpid()))
-        except OSError:  # the launcher then counts this rank as lost, not failed
-            pass
+    atexit.register(mark_exit_now)  # registered after init's own hook, so it runs before it (atexit is LIFO)
 
-    atexit.register(mark)  # registered after init's own hook, so it runs before it (atexit is LIFO)
+
+def mark_exit_now() -> None:
+    """Write the marker of :func:`note_exit_for_launcher` now (a drained rank, which ends
+    before the atexit hooks that would write it). Does nothing outside the launcher."""
+    path = os.environ.get(EXIT_MARK_ENV)
+    if not path:
+        return
+    try:
+        with open(path, "w") as fh:
+            fh.write(str(os.getpid()))
+    except OSError:  # the launcher then counts this rank as lost, not failed
+        pass
+
+
+def note_drained() -> None:
+    """Tell the launcher that this rank left because its host was drained (``rank.N.drained``
+    or ``joined.N.drained`` beside its exit marker; the summary names it)."""
+    path = os.environ.get(EXIT_MARK_ENV)
+    if not path or not path.endswith(".ended"):
+        return
+    try:
+        with open(path[:-len(".ended")] + ".drained", "w") as fh:
+            fh.write(str(os.getpid()))
+    except OSError:  # the summary then counts it as finished without saying why
+        pass
 
 
 def _rank() -> int | None:
@@ -248,6 +269,10 @@ def collect(directory: str, nprocs: int) -> dict[int, dict | None]:
         record = _read_record(closed, rank, True)
         out[rank] = record if record is not None else {"rank": rank, "returncode": -9, "joined": True,
                                                        "ended": False}
+    for rank, record in out.items():  # ranks that left because their hosts were drained
+        kind = "joined" if rank in started else "rank"
+        if record is not None and os.path.exists(os.path.join(closed, f"{kind}.{rank}.drained")):
+            record["drained"] = True
     shutil.rmtree(closed, ignore_errors=True)
     return out
 
@@ -293,11 +318,14 @@ def verdict(records: dict[int, dict | None], min_np: int) -> tuple[bool, str]:
         return ", ".join(f"rank {r} ({describe(records[r])})" for r in ranks)
 
     started = [r for r, rec in records.items() if rec is not None and rec.get("joined")]
+    drained = [r for r, rec in records.items() if rec is not None and rec.get("drained")]
     text = f"{len(finished)} of {len(records)} ranks finished"
     if lost:
         text += f"; lost {named(lost)}"
     if started:
         text += f"; started {named(started)}"
+    if drained:
+        text += f"; drained {named(drained)}"
     if failed:
         return False, f"{text}; failed {named(failed)}: a rank that ends with an error fails the job"
     if len(finished) < min_np:

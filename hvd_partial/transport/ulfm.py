@@ -43,6 +43,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 from mpi4py import MPI
 
@@ -259,6 +260,18 @@ def _ranks_in(group, ranks, other) -> list[int]:
     return list(MPI.Group.Translate_ranks(group, list(ranks), other)) if ranks else []
 
 
+def failed_ranks(comm) -> list[int]:
+    """The ranks of ``comm`` (of its remote group, for an intercommunicator) this process
+    knows have failed (local: no communication; acknowledges nothing), sorted."""
+    failed = comm.Get_failed()
+    group = comm.Get_remote_group() if comm.Is_inter() else comm.Get_group()
+    try:
+        return sorted(r for r in _ranks_in(failed, range(failed.Get_size()), group) if r != MPI.UNDEFINED)
+    finally:
+        failed.Free()
+        group.Free()
+
+
 def _acknowledged(comm) -> frozenset[int]:
     """Acknowledge every failure of ``comm`` this process knows of; the ranks acknowledged."""
     count = comm.Ack_failed()
@@ -417,19 +430,56 @@ def spawn_and_merge(comm, command: Sequence[str], count: int, *, info=None, root
     except MPI.Exception as err:
         raise RecoveryError(f"grow: could not start {count} process(es) of {command[0]}: "
                             f"{err.Get_error_string()}") from err
+    return _merge_spawned(inter, errcodes, command[0], count, comm.Get_size())
+
+
+def _merge_spawned(inter, errcodes: list, program: str, count: int, before: int) -> Grown:
     try:
         inter.Set_errhandler(MPI.ERRORS_RETURN)
         bad = [code for code in errcodes if code != MPI.SUCCESS]
         if bad:
-            raise RecoveryError(f"grow: {len(bad)} of {count} process(es) of {command[0]} did not start "
+            raise RecoveryError(f"grow: {len(bad)} of {count} process(es) of {program} did not start "
                                 f"(error codes {bad})")
         merged = inter.Merge(high=False)
         merged.Set_errhandler(MPI.ERRORS_RETURN)
     except MPI.Exception as err:
         _free(inter)
         raise RecoveryError(f"grow: could not merge the new process(es): {err.Get_error_string()}") from err
-    log.debug("ulfm grow: %d -> %d ranks", comm.Get_size(), merged.Get_size())
+    log.debug("ulfm grow: %d -> %d ranks", before, merged.Get_size())
     return Grown(merged, inter)
+
+
+def spawn_and_merge_on(comm, command: Sequence[str], placements: Sequence[tuple[Any, int]], *,
+                       root: int = 0) -> Grown:
+    """:func:`spawn_and_merge` with ``placements``: (``MPI.Info`` of ``Spawn``, count) per
+    group of new processes (one group: ``Spawn``; several: ``Spawn_multiple``, the groups'
+    ranks in that order). Raises :class:`RecoveryError` when MPI cannot start them all."""
+    if len(placements) == 1:
+        info, count = placements[0]
+        return spawn_and_merge(comm, command, count, info=info, root=root)
+    command = [str(c) for c in command]
+    counts = [count for _, count in placements]
+    try:
+        errcodes: list = []
+        inter = comm.Spawn_multiple([command[0]] * len(counts), [command[1:]] * len(counts), counts,
+                                    [info for info, _ in placements], root=root, errcodes=errcodes)
+    except MPI.Exception as err:
+        raise RecoveryError(f"grow: could not start {sum(counts)} process(es) of {command[0]} on "
+                            f"{len(counts)} hosts: {err.Get_error_string()}") from err
+    return _merge_spawned(inter, errcodes, command[0], sum(counts), comm.Get_size())
+
+
+def split_off(comm, leaving: bool):
+    """Collective over ``comm``: the communicator of the ranks that stay (``leaving``
+    False), in their order, ``ERRORS_RETURN`` set; None on a rank that leaves."""
+    try:
+        sub = comm.Split(MPI.UNDEFINED if leaving else 0, comm.Get_rank())
+    except MPI.Exception as err:
+        raise RecoveryError(f"drain: could not split off the ranks that leave: {err.Get_error_string()}") from err
+    if sub == MPI.COMM_NULL:
+        return None
+    sub.Set_errhandler(MPI.ERRORS_RETURN)
+    return sub
 
 
 def grow(comm, command: Sequence[str], count: int, *, info=None, root: int = 0) -> MPI.Intracomm:

@@ -68,3 +68,19 @@ def run_command(cmd: list[str], timeout: float, env: dict | None = None) -> subp
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     result.elapsed = time.monotonic() - started
     return result
+
+
+def run_member_job(cmd: list[str], out_dir: str, timeout: float = 240) -> tuple[int, str, str, dict]:
+    """Run a launcher job whose ranks each write ``member.<n>.json`` into ``out_dir``
+    (``HVD_TEST_OUT``), killing the whole job on a timeout (which fails the test, with
+    the output). Returns (exit status, stdout and stderr, stderr, member -> report)."""
+    import json
+
+    from mpi_run import WORKERS, run_job
+
+    env = dict(os.environ, HVD_TEST_OUT=out_dir, PYTHONPATH=f"{ROOT}:{WORKERS.parent}", PYTHONUNBUFFERED="1")
+    code, stdout, stderr, timed_out = run_job(cmd, env, timeout=timeout)
+    reports = {int(p.name.split(".")[1]): json.loads(p.read_text()) for p in Path(out_dir).glob("member.*.json")}
+    output = stdout + stderr
+    assert not timed_out, output[-6000:]
+    return code, output, stderr, reports

@@ -187,7 +187,7 @@ def test_horovodrun_tuning_flags_are_dropped_and_launch_changing_ones_refused():
                                              "train.py", "--autotune"])
     assert argv == ["-np=2", "--fusion-threshold-mb=8", "python", "train.py", "--autotune"]
     assert dropped == ["--autotune", "--cache-capacity", "512", "--hierarchical-allreduce"]
-    for flag, reason in (["--gloo", "MPI only"], ["--host-discovery-script", "following hosts during a run is not built"],
+    for flag, reason in (["--gloo", "MPI only"], ["--blacklist-cooldown-range", "not blacklisted"],
                          ["--mpi-threads-disable", "engine thread"],
                          ["--config-file", "flags"]):
         with pytest.raises(cli.ConfigError, match=reason):

@@ -97,12 +97,83 @@ def test_elastic_bad_sizes_fail_before_launch(tmp_path, argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_growth_flags_stay_refused_saying_why(capsys):
-    for flag in ("--host-discovery-script", "--slots-per-host", "--elastic-timeout", "--reset-limit",
-                 "--blacklist-cooldown-range"):
-        assert cli.main(["-np", "2", flag, "x", "python", "t.py"]) == 2
-        err = capsys.readouterr().err
-        assert f"horovodrun's {flag} is not supported" in err and "following hosts during a run is not built" in err, err
+def test_blacklisting_stays_refused_saying_why(capsys):
+    assert cli.main(["-np", "2", "--blacklist-cooldown-range", "x", "python", "t.py"]) == 2
+    err = capsys.readouterr().err
+    assert "horovodrun's --blacklist-cooldown-range is not supported" in err and "not blacklisted" in err, err
+
+
+def discovery_script(tmp_path, text: str, name: str = "discover.sh") -> str:
+    path = tmp_path / name
+    path.write_text(f"#!/bin/sh\n{text}\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_discovery_script_sets_the_hosts_and_the_hosts_file_of_the_ranks(tmp_path):
+    script = discovery_script(tmp_path, "echo node1:2; echo node2")
+    cmd, env, temporary = build(["--mpiexec", open_mpi(tmp_path), "--host-discovery-script", script,
+                                 "--slots-per-host", "3", "--reset-limit", "4", "python", "t.py"])
+    try:
+        assert cmd[cmd.index("-H") + 1] == "node1:2,node2:3" and cmd[cmd.index("-n") + 1] == "5", cmd
+        assert "--with-ft" in cmd and env["HVD_PARTIAL_ELASTIC"] == "1", cmd  # the script implies --elastic
+        assert env["HVD_PARTIAL_HOSTS_FILE"] == os.path.join(env[rank_status.STATUS_DIR_ENV], "hosts.json")
+        assert env["HOROVOD_ELASTIC_RESET_LIMIT"] == "4"
+        assert "HVD_PARTIAL_HOSTS_FILE" in cmd[cmd.index("-x"):], cmd  # passed on to every rank
+    finally:
+        cli._remove(temporary)
+
+
+def test_discovery_with_np_and_max_np(tmp_path):
+    script = discovery_script(tmp_path, "echo localhost:8")
+    cmd, _, temporary = build(["--mpiexec", open_mpi(tmp_path), "--host-discovery-script", script,
+                               "--max-np", "6", "python", "t.py"])
+    cli._remove(temporary)
+    assert cmd[cmd.index("-n") + 1] == "6" and cmd[cmd.index("-H") + 1] == "localhost:8", cmd
+    cmd, _, temporary = build(["--mpiexec", open_mpi(tmp_path), "--host-discovery-script", script, "-np", "2",
+                               "python", "t.py"])
+    cli._remove(temporary)
+    assert cmd[cmd.index("-n") + 1] == "2", cmd
+
+
+@pytest.mark.parametrize("text, message", [
+    ("exit 3", "exited 3"),
+    ("echo node1:two", "is not 'host' or 'host:slots'"),
+    ("echo node1:1", "lists 1 slots, fewer than --min-np 2, after --elastic-timeout 0 s"),
+])
+def test_a_bad_or_short_discovery_fails_before_launch(tmp_path, text, message, capsys):
+    script = discovery_script(tmp_path, text)
+    assert cli.main(["--mpiexec", open_mpi(tmp_path), "--host-discovery-script", script, "--min-np", "2",
+                     "--elastic-timeout", "0", "python", "t.py"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_discovery_with_hosts_given_too_is_refused(tmp_path, capsys):
+    script = discovery_script(tmp_path, "echo node1:2")
+    assert cli.main(["--mpiexec", open_mpi(tmp_path), "--host-discovery-script", script, "-H", "node1:2",
+                     "python", "t.py"]) == 2
+    assert "not two of them" in capsys.readouterr().err
+
+
+def test_the_hosts_watcher_rewrites_the_file_when_the_list_changes(tmp_path):
+    from hvd_partial.launch import discovery
+
+    slots = tmp_path / "slots"
+    slots.write_text("2")
+    script = discovery_script(tmp_path, f"echo localhost:$(cat {slots})")
+    path = str(tmp_path / "hosts.json")
+    watcher = discovery.HostsWatcher(script, 1, path, discovery.discover(script, 1))
+    assert json.loads(open(path).read())["serial"] == 0  # written at once
+    watcher.start()
+    try:
+        slots.write_text("5")
+        deadline = time.monotonic() + 60
+        while json.loads(open(path).read())["serial"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # waits for the watcher's next run: the deadline bounds it
+    finally:
+        watcher.stop()
+    document = json.loads(open(path).read())
+    assert document["serial"] == 1 and document["hosts"] == [["localhost", 5]], document
 
 
 def test_max_np_travels_to_the_ranks_so_that_they_grow_back():

@@ -1,11 +1,12 @@
 """Growing back under ``hvd-partial-run --elastic -np N --max-np N``:
-``elastic_grow.py TOKEN VICTIM KILL_ROUND STEPS`` (see tests/launch/test_grow_mpi.py).
+``elastic_grow.py TOKEN VICTIM KILL_ROUND STEPS [POINT]`` (see tests/launch/test_grow_mpi.py).
 
 A numpy training loop in ``hvd.elastic.run``: each step posts a gradient to a
 solo stream (``op=Sum``) and adds every round taken to ``state.weights``;
 every 3 steps it flushes the stream and commits. Rank VICTIM (as numbered at
 init) dies by ``os._exit(1)`` when it launches its KILL_ROUND-th round
-(:mod:`hvd_partial.faults`: no timing). The survivors fail the next commit
+(:mod:`hvd_partial.faults`: no timing), or at the KILL_ROUND-th time it reaches
+the named point POINT instead (``grow_stopped``, ``grow_merged``: during a grow). The survivors fail the next commit
 (``HorovodInternalError``, restore, reset), and at the commit after it the
 world grows back: a new process runs this same script, joins in ``init`` and
 starts ``run`` with ``sync()``.
@@ -31,13 +32,13 @@ from hvd_partial.elastic import ObjectState, run
 WIDTH = 16
 
 
-def main(_token, victim, kill_round, steps):
+def main(_token, victim, kill_round, steps, point="round_launched"):
     victim, kill_round, steps = int(victim), int(kill_round), int(steps)
     hvd.init()
     me = hvd.world()
     joined = me.original_rank in me.joined
     if me.original_rank == victim and not joined:
-        faults.at("round_launched", lambda n: n >= kill_round and os._exit(1))
+        faults.at(point, lambda n: n >= kill_round and os._exit(1))
     state = ObjectState(weights=np.zeros(WIDTH), step=0)
     seen = {"sizes": set(), "new_rank_contributed": False, "first_grown_round": None, "resets": 0}
     state.register_reset_callbacks([lambda: seen.__setitem__("resets", seen["resets"] + 1)])
@@ -53,19 +54,7 @@ def main(_token, victim, kill_round, steps):
                 if world.size - 1 in result.contributors:
                     seen["new_rank_contributed"] = True
 
-    @run
-    def train(state):
-        while state.step < steps:
-            grad = np.zeros(WIDTH)
-            grad[hvd.world().original_rank % WIDTH] = 1.0
-            apply(hvd.partial_allreduce(grad, "grads", mode=hvd.Solo(), op=hvd.Sum))
-            state.step += 1
-            if state.step % 3 == 0:
-                apply(hvd.flush("grads"))
-                state.commit()
-        apply(hvd.flush("grads"))
-
-    train(state)
+    train(state, steps, apply)
     world = hvd.world()
     from hvd_partial.engine.growth import history
 
@@ -84,6 +73,23 @@ def main(_token, victim, kill_round, steps):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+@run
+def train(state, steps, apply, each_step=lambda state: None):
+    """Each step posts a one-hot gradient (at the rank's number) to a solo stream and
+    ``apply``s the rounds taken; every 3 steps a flush and a commit. ``each_step(state)``
+    runs after each step's post."""
+    while state.step < steps:
+        grad = np.zeros(WIDTH)
+        grad[hvd.world().original_rank % WIDTH] = 1.0
+        apply(hvd.partial_allreduce(grad, "grads", mode=hvd.Solo(), op=hvd.Sum))
+        state.step += 1
+        each_step(state)
+        if state.step % 3 == 0:
+            apply(hvd.flush("grads"))
+            state.commit()
+    apply(hvd.flush("grads"))
 
 
 def hvd_digest(array) -> str:
