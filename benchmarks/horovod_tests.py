@@ -1,21 +1,28 @@
-"""Run Horovod's own PyTorch test file against hvd_partial, with only the
-import changed, the way Horovod's CI runs it (``mpiexec -n 2 python -m
-pytest``), and compare the outcome with the list of tests Horovod itself
-passes here.
+"""Run one of Horovod's own test files against hvd_partial, with only the
+imports changed, the way Horovod's CI runs it (``mpiexec -n 2 python -m
+pytest``), and compare the outcome with what Horovod itself passes here.
+
+``--file torch`` (the default) is ``test/parallel/test_torch.py``,
+``--file tensorflow`` is ``test/parallel/test_tensorflow.py`` (with its
+``base_test_tensorflow.py``; the file runs every test twice, in a TF1-style
+graph and eagerly), ``--file keras`` is ``test/parallel/test_tensorflow2_keras.py``
+(it needs the ``parameterized`` package; run it with ``--whole-file``, since
+its parameterized tests have expanded names).
 
 Horovod's files are not part of this project: ``HOROVOD_SOURCE`` (or
-``--source``) names a Horovod checkout, and its ``test/parallel/test_torch.py``
-and ``test/utils/common.py`` are read from there. Into a temporary folder go
+``--source``) names a Horovod checkout, and the test file and
+``test/utils/common.py`` are read from there. Into a temporary folder go
 copies with their imports rewritten, and nothing else changed:
-``horovod.torch`` becomes ``hvd_partial.torch`` in the test file; in the
-helper module, ``mock`` becomes the standard library's ``unittest.mock``,
+``horovod.torch`` becomes ``hvd_partial.torch`` (``horovod.tensorflow``,
+``horovod.tensorflow.keras`` and ``horovod.keras`` likewise); in the helper
+module, ``mock`` becomes the standard library's ``unittest.mock``,
 ``cloudpickle`` falls back to ``pickle`` when it is not installed, and
-Horovod's launcher utility ``in_thread`` comes from a small module written
-beside it (none of the three is used by the torch tests; they are imported
-at the helper's top). Every rank runs with ``HVD_PARTIAL_MODE=sync``.
+Horovod's launcher utility ``in_thread`` (and, for the Keras file, its
+version helper) comes from a small module written beside it. Every rank runs
+with ``HVD_PARTIAL_MODE=sync``.
 
 By default each test runs as its own job (``mpiexec -n 2 python -m pytest
-FILE::TorchTests::NAME``), killed with its ranks after ``--timeout`` seconds;
+FILE::CLASS::NAME``), killed with its ranks after ``--timeout`` seconds;
 ``--whole-file`` runs the file as one job, as Horovod's CI does, under
 ``--file-timeout``. Each rank writes its outcome per test; a test passes when
 it passed on every rank, fails when it failed on any (or its job was killed
@@ -24,11 +31,13 @@ or crashed before the rank reported), and is skipped when every rank skipped.
     git --git-dir=HOROVOD.git archive HEAD test | tar -x -C /tmp/horovod-src
     HOROVOD_SOURCE=/tmp/horovod-src python benchmarks/horovod_tests.py
     python benchmarks/horovod_tests.py --source /tmp/horovod-src -k allgather --json out.json
+    python benchmarks/horovod_tests.py --source /tmp/horovod-src --file tensorflow --whole-file
 
 Prints one line per test (PASS, FAIL, SKIP, HANG), then a summary against
-the pass list (default: ``horovod_torch_pass.txt`` beside the project, or
-``--pass-list``); exits 0 when every test that ran passed, except those of
-:data:`NOT_PASSING` (each with its reason; docs/horovod-torch.md lists them).
+the pass list (torch: ``horovod_torch_pass.txt`` beside the project, or
+``--pass-list``); exits 0 when every test that ran passed, except those the
+file's ``NOT_PASSING`` table lists (each with its reason;
+docs/horovod-torch.md and docs/horovod-tensorflow.md list them).
 """
 
 from __future__ import annotations
@@ -45,21 +54,48 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
-TEST_FILE = "test/parallel/test_torch.py"
 HELPER = "test/utils/common.py"
-TEST_CLASS = "TorchTests"
 
-#: (pattern, replacement) per file: only import statements change.
-TEST_IMPORTS = [(r"^import horovod\.torch as hvd$", "import hvd_partial.torch as hvd")]
+
+class Suite(NamedTuple):
+    """One of Horovod's test files: where it is, its test class, and the
+    import lines that change (pattern, replacement) in it and in the files
+    beside it that it imports."""
+
+    test_file: str
+    test_class: str
+    imports: tuple
+    companions: tuple = ()          # (path in the checkout, import rules) copied beside the test file
+    pass_list: str | None = None    # file beside the project listing the tests Horovod passes here
+
+
+_TF_UTIL = (r"^from horovod\.tensorflow\.util import _executing_eagerly$",
+               "from hvd_partial.tensorflow.util import _executing_eagerly")
+
+SUITES = {
+    "torch": Suite("test/parallel/test_torch.py", "TorchTests",
+                   ((r"^import horovod\.torch as hvd$", "import hvd_partial.torch as hvd"),),
+                   pass_list="horovod_torch_pass.txt"),
+    "tensorflow": Suite("test/parallel/test_tensorflow.py", "TensorFlowTests",
+                        ((r"^import horovod\.tensorflow as hvd$", "import hvd_partial.tensorflow as hvd"), _TF_UTIL),
+                        companions=(("test/parallel/base_test_tensorflow.py", (_TF_UTIL,)),)),
+    "keras": Suite("test/parallel/test_tensorflow2_keras.py", "Tf2KerasTests",
+                   ((r"^import horovod\.keras as hvd_keras$", "import hvd_partial.keras as hvd_keras"),
+                    (r"^import horovod\.tensorflow\.keras as hvd$", "import hvd_partial.tensorflow.keras as hvd"),
+                    (r"^from horovod\.common\.util import is_version_greater_equal_than$",
+                     "from hvd_partial_test_shims import is_version_greater_equal_than"))),
+}
+
 HELPER_IMPORTS = [
     (r"^import mock$", "from unittest import mock"),
     (r"^import cloudpickle$", "try:\n    import cloudpickle\nexcept ImportError:\n    import pickle as cloudpickle"),
     (r"^from horovod\.runner\.util\.threads import in_thread$", "from hvd_partial_test_shims import in_thread"),
 ]
 
-SHIMS = '''"""Stand-ins for Horovod launcher utilities its test helpers import (written by hvd_partial's runner)."""
+SHIMS = '''"""Stand-ins for the Horovod utilities its test files import (written by hvd_partial's runner)."""
 import threading
 
 
@@ -67,6 +103,11 @@ def in_thread(target, args=(), name=None, daemon=True, silent=False):
     thread = threading.Thread(target=target, args=args, name=name, daemon=daemon)
     thread.start()
     return thread
+
+
+def is_version_greater_equal_than(ver, target):
+    from packaging import version
+    return version.parse(ver) >= version.parse(target)
 '''
 
 #: A pytest plugin every rank loads: it appends one JSON line per test phase
@@ -127,6 +168,64 @@ NOT_PASSING = {
 }
 
 
+_GRAPH_ERROR = ("passes eagerly; the file also runs it in a TF1-style graph, where TensorFlow reports an "
+                "exception of a Python op as UnknownError (its message names FailedPreconditionError and "
+                "MismatchError), not as Horovod's FailedPreconditionError")
+_KERAS3 = "uses a Keras 2 API that Keras 3 (TensorFlow 2.21) removed: "
+_TF_GPU = "skipped: needs a GPU (Horovod skips it here too)"
+
+#: Tests of test_tensorflow.py that do not pass here, with the reason (docs/horovod-tensorflow.md).
+NOT_PASSING_TENSORFLOW = {
+    **{name: _GRAPH_ERROR for name in (
+        "test_horovod_allreduce_error", "test_horovod_allreduce_type_error", "test_horovod_allgather_error",
+        "test_horovod_allgather_type_error", "test_horovod_broadcast_error", "test_horovod_broadcast_type_error",
+        "test_horovod_broadcast_rank_error", "test_horovod_alltoall_type_error", "test_horovod_alltoall_rank_error",
+        "test_horovod_reducescatter_error", "test_horovod_reducescatter_type_error")},
+    "test_horovod_syncbn_cpu": _KERAS3 + "BatchNormalization(fused=...)",
+    "test_partial_distributed_gradient_tape": _KERAS3 + "Variable.ref() (register_local_source itself works)",
+    **{name: _TF_GPU for name in (
+        "test_gpu_required", "test_horovod_allreduce_indexed_slices_gpu", "test_horovod_allreduce_indexed_slices_average_gpu",
+        "test_horovod_allreduce_gpu", "test_horovod_allreduce_average_gpu", "test_horovod_allreduce_min_gpu",
+        "test_horovod_allreduce_max_gpu", "test_horovod_allreduce_product_gpu", "test_horovod_allreduce_gpu_fused",
+        "test_horovod_allreduce_multi_gpu", "test_horovod_allreduce_cpu_gpu_error", "test_horovod_allreduce_grad_gpu",
+        "test_horovod_allreduce_average_grad_gpu", "test_horovod_grouped_allreduce_gpu", "test_horovod_grouped_allreduce_indexed_slices_gpu",
+        "test_horovod_grouped_allreduce_mixed_indexed_slices_gpu", "test_horovod_grouped_allreduce_average_gpu", "test_horovod_grouped_allreduce_min_gpu",
+        "test_horovod_grouped_allreduce_max_gpu", "test_horovod_grouped_allreduce_product_gpu", "test_horovod_grouped_allreduce_indexed_slices_average_gpu",
+        "test_horovod_grouped_allreduce_mixed_indexed_slices_average_gpu", "test_horovod_grouped_allreduce_grad_gpu", "test_horovod_allgather_gpu",
+        "test_horovod_allgather_fused_gpu", "test_horovod_allgather_variable_size_fused_gpu", "test_horovod_allgather_variable_size_gpu",
+        "test_horovod_allgather_grad_gpu", "test_horovod_broadcast_gpu", "test_horovod_broadcast_inplace_gpu",
+        "test_horovod_broadcast_grad_gpu", "test_horovod_alltoall_gpu", "test_horovod_alltoall_equal_split_gpu",
+        "test_horovod_alltoall_empty_gpu", "test_horovod_alltoall_one_rank_sends_nothing_gpu", "test_horovod_alltoall_one_rank_receives_nothing_gpu",
+        "test_horovod_alltoall_zero_splits_gpu", "test_horovod_alltoall_grad_gpu", "test_horovod_alltoall_equal_split_grad_gpu",
+        "test_horovod_join_allreduce", "test_horovod_syncbn_gpu", "test_horovod_reducescatter_gpu",
+        "test_horovod_reducescatter_gpu_prescale", "test_horovod_reducescatter_gpu_postscale", "test_horovod_reducescatter_gpu_fused",
+        "test_horovod_reducescatter_gpu_uneven", "test_horovod_reducescatter_gpu_uneven_fused", "test_horovod_reducescatter_grad_gpu",
+        "test_horovod_grouped_reducescatter_gpu", "test_horovod_grouped_reducescatter_gpu_prescale", "test_horovod_grouped_reducescatter_gpu_postscale",
+        "test_horovod_grouped_allgather_gpu",
+    )},
+    "test_horovod_broadcast_eager_mode_error": "passes eagerly; skipped by the file itself in its graph run",
+    "test_horovod_broadcast_graph_mode": "passes in its graph run; skipped by the file itself in its eager run",
+    "test_local_gradient_aggregation": "skipped by the file itself: a Keras 2 legacy optimizer in graph mode only",
+    "test_local_gradient_aggregation_sparse": "skipped by the file itself: a Keras 2 legacy optimizer in graph mode only",
+}
+
+#: Tests of test_tensorflow2_keras.py that do not pass here, with the reason (docs/horovod-tensorflow.md).
+NOT_PASSING_KERAS = {
+    "test_train_model_lr_schedule": _KERAS3 + "keras.losses.mean_squared_error",
+    "test_sparse_as_dense": _KERAS3 + "the optimizer argument lr=",
+    "test_sparse_as_dense_with_grad_aggregation": _KERAS3 + "the optimizer argument lr=",
+    "test_legacy_optimizer": _KERAS3 + "keras.optimizers.legacy",
+    **{name: _KERAS3 + "an Optimizer subclass built without learning_rate (Keras 2's OptimizerV2 API)"
+       for name in ("test_gradient_aggregation_0", "test_gradient_aggregation_1",
+                    "test_gradient_aggregation_with_local_vars_0", "test_gradient_aggregation_with_local_vars_1")},
+    "test_partial_distributed_optimizer": ("hvd_partial has no PartialDistributedOptimizer (local layers of a Keras "
+                                           "optimizer); the test also uses Variable.ref(), which Keras 3 removed"),
+    "test_broadcast_global_variables_callback_with_local_vars": _KERAS3 + "Variable.ref()",
+}
+
+NOT_PASSING_BY_FILE = {"torch": NOT_PASSING, "tensorflow": NOT_PASSING_TENSORFLOW, "keras": NOT_PASSING_KERAS}
+
+
 class SourceError(Exception):
     """The Horovod checkout lacks a file, or a file lacks the import to rewrite."""
 
@@ -139,17 +238,19 @@ def rewrite(text: str, rules, what: str) -> str:
     return text
 
 
-def prepare(source: Path, work: Path) -> Path:
-    """Write the rewritten test file, helper, shims and plugin under ``work``;
-    returns the test file's path (``work/parallel/test_torch.py``, so that the
-    file's own ``sys.path`` line finds ``work/utils``)."""
-    for rel in (TEST_FILE, HELPER):
+def prepare(source: Path, work: Path, suite: Suite) -> Path:
+    """Write the rewritten test file, its companions, helper, shims and plugin
+    under ``work``; returns the test file's path (``work/parallel/NAME.py``, so
+    that the file's own ``sys.path`` line finds ``work/utils``)."""
+    for rel in (suite.test_file, HELPER, *(c for c, _ in suite.companions)):
         if not (source / rel).is_file():
             raise SourceError(f"{source / rel} not found: HOROVOD_SOURCE must be a Horovod checkout")
     (work / "parallel").mkdir(parents=True)
     (work / "utils").mkdir()
-    test = work / "parallel" / Path(TEST_FILE).name
-    test.write_text(rewrite((source / TEST_FILE).read_text(), TEST_IMPORTS, TEST_FILE))
+    test = work / "parallel" / Path(suite.test_file).name
+    test.write_text(rewrite((source / suite.test_file).read_text(), suite.imports, suite.test_file))
+    for rel, rules in suite.companions:
+        (work / "parallel" / Path(rel).name).write_text(rewrite((source / rel).read_text(), rules, rel))
     (work / "utils" / "common.py").write_text(rewrite((source / HELPER).read_text(), HELPER_IMPORTS, HELPER))
     (work / "utils" / "hvd_partial_test_shims.py").write_text(SHIMS)
     (work / "hvd_partial_test_report.py").write_text(PLUGIN)
@@ -157,13 +258,13 @@ def prepare(source: Path, work: Path) -> Path:
     return test
 
 
-def test_names(path: Path) -> list[str]:
+def test_names(path: Path, test_class: str) -> list[str]:
     """The test methods of the file's test class, in file order."""
     tree = ast.parse(path.read_text())
     for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == TEST_CLASS:
+        if isinstance(node, ast.ClassDef) and node.name == test_class:
             return [f.name for f in node.body if isinstance(f, ast.FunctionDef) and f.name.startswith("test_")]
-    raise SourceError(f"{path}: no class {TEST_CLASS}")
+    raise SourceError(f"{path}: no class {test_class}")
 
 
 def run_job(cmd, env, timeout, cwd) -> tuple[int, str, bool]:
@@ -220,6 +321,17 @@ def combine(name: str, ranks: dict, nprocs: int, killed: bool, tail: str) -> tup
     return "PASS", ""
 
 
+def expand_parameterized(names: list[str], ranks: dict) -> list[str]:
+    """``names`` with each test that a decorator expanded into several
+    (``test_x`` run as ``test_x_0_True``, ...) replaced by what the ranks reported."""
+    reported = sorted(set().union(*(tests.keys() for tests in ranks.values())))
+    out = []
+    for name in names:
+        expanded = [r for r in reported if re.fullmatch(re.escape(name) + r"_\d+(_.*)?", r) and r not in names]
+        out.extend(expanded or [name])
+    return out
+
+
 def run_tests(test: Path, names: list[str], args) -> dict:
     """name -> (status, reason)."""
     from hvd_partial.launch import mpiexec_command
@@ -237,12 +349,12 @@ def run_tests(test: Path, names: list[str], args) -> dict:
         report_dir = Path(tempfile.mkdtemp(prefix="reports-", dir=work))
         env["HVD_TESTS_REPORT"] = str(report_dir)
         everything = len(batch) == len(names) and not args.only
-        targets = [str(test)] if args.whole_file and everything else [f"{test}::{TEST_CLASS}::{n}" for n in batch]
+        targets = [str(test)] if args.whole_file and everything else [f"{test}::{args.suite.test_class}::{n}" for n in batch]
         cmd = mpiexec_command(args.np, pytest_args + targets)
         started = time.monotonic()
         code, out, killed = run_job(cmd, env, args.file_timeout if args.whole_file else args.timeout, work)
         ranks = read_reports(report_dir, args.np)
-        for name in batch:
+        for name in expand_parameterized(batch, ranks):
             status, reason = combine(name, ranks, args.np, killed, out)
             results[name] = (status, reason)
             listed = "" if args.listed is None else ("  [listed]" if name in args.listed else "  [not listed]")
@@ -253,8 +365,9 @@ def run_tests(test: Path, names: list[str], args) -> dict:
     return results
 
 
-def summary(results: dict, listed: set | None) -> bool:
-    """Print the counts; True when every test outside :data:`NOT_PASSING` passed."""
+def summary(results: dict, listed: set | None, known: dict) -> bool:
+    """Print the counts; True when every test outside ``known`` (the suite's
+    :data:`NOT_PASSING`) passed."""
     counts = {s: sum(1 for v in results.values() if v[0] == s) for s in ("PASS", "FAIL", "HANG", "SKIP")}
     print(f"\n{len(results)} tests: " + ", ".join(f"{n} {s.lower()}" for s, n in counts.items()))
     if listed is not None:
@@ -262,15 +375,15 @@ def summary(results: dict, listed: set | None) -> bool:
         bad = [n for n in ran if results[n][0] != "PASS"]
         print(f"pass list: {len(ran) - len(bad)} of the {len(ran)} listed tests that ran passed")
         for name in bad:
-            known = " (known: see NOT_PASSING)" if name in NOT_PASSING else ""
-            print(f"  listed, not passing{known}: {name} ({results[name][0]}: {results[name][1]})")
+            why = " (known: see NOT_PASSING)" if name in known else ""
+            print(f"  listed, not passing{why}: {name} ({results[name][0]}: {results[name][1]})")
         extra = [n for n in results if n not in listed and results[n][0] == "PASS"]
         if extra:
             print(f"passing though not listed: {', '.join(extra)}")
-    unexpected = [n for n in results if n not in NOT_PASSING and results[n][0] != "PASS"]
+    unexpected = [n for n in results if n not in known and results[n][0] != "PASS"]
     for name in unexpected:
         print(f"UNEXPECTED {results[name][0]}: {name} ({results[name][1]})")
-    for name in (n for n in results if n in NOT_PASSING and results[n][0] == "PASS"):
+    for name in (n for n in results if n in known and results[n][0] == "PASS"):
         print(f"passes now, though listed in NOT_PASSING: {name}")
     return not unexpected
 
@@ -279,8 +392,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", default=os.environ.get("HOROVOD_SOURCE"),
                         help="Horovod checkout (default: $HOROVOD_SOURCE)")
-    parser.add_argument("--pass-list", default=str(ROOT.parent / "shared" / "horovod_torch_pass.txt"),
-                        help="tests Horovod itself passes, one a line (ignored when the file does not exist)")
+    parser.add_argument("--file", choices=sorted(SUITES), default="torch",
+                        help="which of Horovod's test files: test_torch.py (default), test_tensorflow.py or "
+                             "test_tensorflow2_keras.py")
+    parser.add_argument("--pass-list", help="tests Horovod itself passes, one a line (default for torch: "
+                        "horovod_torch_pass.txt beside the project; ignored when the file does not exist)")
     parser.add_argument("--np", type=int, default=2)
     parser.add_argument("--mode", default="sync", help="HVD_PARTIAL_MODE for every rank")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per test job")
@@ -295,20 +411,24 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not args.source:
         parser.error("set HOROVOD_SOURCE or --source to a Horovod checkout")
+    args.suite = SUITES[args.file]
+    known = NOT_PASSING_BY_FILE[args.file]
+    if args.pass_list is None and args.suite.pass_list:
+        args.pass_list = str(ROOT.parent / "shared" / args.suite.pass_list)
     args.listed = None
     if args.pass_list and Path(args.pass_list).is_file():
         args.listed = {ln.strip() for ln in Path(args.pass_list).read_text().splitlines() if ln.strip()}
     work = Path(tempfile.mkdtemp(prefix="horovod-tests-"))
     try:
         try:
-            test = prepare(Path(args.source), work)
-            names = test_names(test)
+            test = prepare(Path(args.source), work, args.suite)
+            names = test_names(test, args.suite.test_class)
         except SourceError as err:
             print(f"horovod_tests: {err}", file=sys.stderr)
             return 2
         if args.start_at:
             if args.start_at not in names:
-                print(f"horovod_tests: no test {args.start_at!r} in {TEST_FILE}", file=sys.stderr)
+                print(f"horovod_tests: no test {args.start_at!r} in {args.suite.test_file}", file=sys.stderr)
                 return 2
             names = names[names.index(args.start_at):]
         if args.only:
@@ -319,7 +439,7 @@ def main(argv=None) -> int:
             print(f"kept {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-    ok = summary(results, args.listed)
+    ok = summary(results, args.listed, known)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0 if ok else 1

@@ -284,6 +284,27 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     # -- applying --------------------------------------------------------------------
 
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        """Horovod's name for this rank's gradients of ``loss`` (a tensor
+        recorded on ``tape``, or a callable) as ``[(grad, var), ...]``. They are
+        local: the reduction happens in :meth:`apply_gradients`, which posts
+        them (Horovod reduces here already; a partial round cannot be
+        taken before the post)."""
+        var_list = list(var_list() if callable(var_list) else var_list)
+        if tape is None:
+            if not callable(loss):
+                raise UnsupportedInputError(
+                    "DistributedOptimizer._compute_gradients: a loss tensor needs the tape that recorded it "
+                    "(tape=...); or pass the loss as a callable")
+            with tf.GradientTape() as tape:
+                tape.watch(var_list)
+                loss = loss()
+        elif callable(loss):
+            with tape:
+                loss = loss()
+        grads = tape.gradient(loss, var_list, grad_loss)
+        return list(zip(grads, var_list))
+
     @graph_builder
     def apply_gradients(self, grads_and_vars):
         grads, variables = zip(*grads_and_vars)

@@ -37,19 +37,21 @@ from .basics import (ProcessSet, add_process_set, ccl_built, check_num_rank_powe
                      handle_average_backwards_compatibility, init, is_homogeneous, local_rank_op, local_size_op,
                      mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, process_set_included_op, rank_op,
                      remove_process_set, rocm_built, size_op, start_timeline, stop_timeline)
-from . import elastic
+from . import elastic, util
+from .util import _executing_eagerly
 from .compression import Compression, Compressor, FP16Compressor, NoneCompressor
 from .exchange import GradientExchange, RoundGradients
 from .functions import (allgather, allgather_object, allreduce, alltoall, broadcast, broadcast_,
                         broadcast_global_variables, broadcast_object, broadcast_object_fn, broadcast_variables,
                         grouped_allgather, grouped_allreduce, grouped_reducescatter, join, reducescatter)
-from .gradient_tape import DEFAULT_TAPE_STREAM, DistributedGradientTape, flush_gradients, flush_tapes
+from .gradient_tape import (DEFAULT_TAPE_STREAM, DistributedGradientTape, PartialDistributedGradientTape,
+                            flush_gradients, flush_tapes)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
     "is_homogeneous", "config", "barrier", "stats",
     "Sync", "Solo", "Majority", "Average", "Sum", "Min", "Max", "Product", "Adasum",
-    "DistributedGradientTape", "DistributedOptimizer", "RoundGradients", "GradientExchange", "flush_gradients",
+    "DistributedGradientTape", "PartialDistributedGradientTape", "DistributedOptimizer", "RoundGradients", "GradientExchange", "flush_gradients",
     "flush_tapes", "DEFAULT_TAPE_STREAM", "elastic",
     "Compression", "Compressor", "NoneCompressor", "FP16Compressor",
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "broadcast_",

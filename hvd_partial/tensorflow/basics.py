@@ -25,7 +25,7 @@ from ..collectives.process_sets import (ProcessSet, add_process_set, check_proce
                                         global_process_set, remove_process_set)
 from ..build_flags import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,  # noqa: F401
                            mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
-from ..errors import ConfigError
+from ..errors import ConfigError, NotSupportedError
 from ..modes import ReduceOp
 
 log = logging.getLogger("hvd_partial.tensorflow")
@@ -58,7 +58,7 @@ def resolve_op(op, average, where: str) -> ReduceOp:
     if not isinstance(op, ReduceOp):
         raise ConfigError(f"{where}: op must be hvd.Average, Sum, Min, Max or Product, got {op!r}")
     if op is ReduceOp.ADASUM:
-        raise ConfigError(f"{where}: op=Adasum is not implemented in hvd_partial; use Average or Sum")
+        raise NotSupportedError(f"{where}: op=Adasum is not implemented in hvd_partial; use Average or Sum")
     return op
 
 

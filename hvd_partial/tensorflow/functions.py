@@ -16,19 +16,70 @@ Example::
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import tensorflow as tf
 
 import hvd_partial as _core
-from ..errors import ConfigError, UnsupportedInputError
+from ..errors import ConfigError, MismatchError, NotSupportedError, UnsupportedInputError
 from . import numpy_ops
 from .basics import global_process_set, require_default, require_global, resolve_op
 from .compression import Compression
 from .exchange import rank_label, source_name
 
 
+#: graph -> the latest collective op built in it (TF1-style graphs only).
+_LATEST_IN_GRAPH: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def _run(fn, inputs, dtypes, label):
-    return tf.numpy_function(fn, inputs, dtypes, stateful=True, name=label)
+    """``fn`` as a stateful ``tf.numpy_function``. In a TF1-style graph each
+    collective gets a control dependency on the one built before it, so that
+    every rank runs them in the order its graph built them (ranks build the
+    same graph; ``tf.function`` orders stateful ops by itself)."""
+    eager = tf.executing_eagerly()
+
+    def checked(*values):
+        # Horovod's errors: FailedPreconditionError where ranks disagree,
+        # InvalidArgumentError for arguments the op cannot take. Eagerly an
+        # OpError raised here keeps its class; in a graph TensorFlow keeps
+        # only ValueError's (as InvalidArgumentError) and reports any other
+        # exception as UnknownError with its message.
+        try:
+            return fn(*values)
+        except MismatchError as err:
+            raise tf.errors.FailedPreconditionError(None, None, f"{type(err).__name__}: {err}") from err
+        except ValueError as err:
+            if not eager:
+                raise
+            raise tf.errors.InvalidArgumentError(None, None, f"{type(err).__name__}: {err}") from err
+
+    if tf.executing_eagerly() or tf.inside_function():
+        return tf.numpy_function(checked, inputs, dtypes, stateful=True, name=label)
+    graph = tf.compat.v1.get_default_graph()
+    latest = _LATEST_IN_GRAPH.get(graph)
+    with tf.control_dependencies([latest] if latest is not None else []):
+        out = tf.numpy_function(checked, inputs, dtypes, stateful=True, name=label)
+    _LATEST_IN_GRAPH[graph] = (out[0] if isinstance(out, (list, tuple)) else out).op
+    return out
+
+
+def _with_gradient(inputs: list, forward, backward):
+    """``forward(*inputs)`` whose gradient is ``backward(outputs, *output_grads)``,
+    Horovod's rule for each collective (a missing output gradient is zeros)."""
+    @tf.custom_gradient
+    def op(*xs):
+        out = forward(*xs)
+        outs = out if isinstance(out, (list, tuple)) else [out]
+
+        def grad(*dys):
+            dys = [tf.zeros_like(o) if d is None else d for o, d in zip(outs, dys)]
+            return backward(outs, *dys)
+
+        return out, grad
+
+    return op(*inputs)
 
 
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,
@@ -48,33 +99,40 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     require_global(process_set, "allreduce")
     op = resolve_op(op, average, "allreduce")
     if isinstance(tensor, tf.IndexedSlices):
+        # Gathered, not summed: as in Horovod, only Average and Sum, unscaled.
         if op not in (_core.Average, _core.Sum):
-            raise UnsupportedInputError(f"rank {rank_label()}: allreduce of tf.IndexedSlices supports Average and "
-                                        f"Sum, got {op!r}")
-        values = allgather(tensor.values * prescale_factor if prescale_factor != 1.0 else tensor.values, name=name)
+            raise NotSupportedError(f"rank {rank_label()}: allreduce of tf.IndexedSlices supports Average and "
+                                    f"Sum, got {op!r}")
+        if prescale_factor != 1.0 or postscale_factor != 1.0:
+            raise NotSupportedError(f"rank {rank_label()}: allreduce of tf.IndexedSlices takes no prescale_factor "
+                                    "or postscale_factor (its values are gathered, not summed)")
+        values = allgather(tensor.values, name=name)
         indices = allgather(tensor.indices, name=None if name is None else f"{name}.indices")
         if op is _core.Average:
             values = values / tf.cast(_core.size(), values.dtype)
-        if postscale_factor != 1.0:
-            values = values * tf.cast(postscale_factor, values.dtype)
         return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
-    return _scaled_reduction(tensor, compression, prescale_factor, postscale_factor,
-                             lambda value: numpy_ops.allreduce(value, op, name), "hvd_partial_allreduce",
-                             lambda shape: shape)
+    def forward(x):
+        return _scaled_reduction(x, compression, prescale_factor, postscale_factor,
+                                 lambda value, pre, post: numpy_ops.allreduce(value, op, name, pre, post),
+                                 "hvd_partial_allreduce", lambda shape: shape)
+
+    def backward(_, dy):  # every rank's output depends on this input: reduce the gradients alike
+        return allreduce(dy, op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+
+    return _with_gradient([tf.convert_to_tensor(tensor)], forward, backward)
 
 
 def _scaled_reduction(tensor, compression, prescale_factor, postscale_factor, reduce, label, result_shape):
-    """Compress and prescale ``tensor``, reduce it on the engine with
-    ``reduce(array)``, then postscale and decompress the result, whose static
-    shape is ``result_shape(wire shape)`` (allreduce and reducescatter)."""
+    """Compress ``tensor``, reduce it on the engine with ``reduce(array,
+    prescale, postscale)`` (which scales as Horovod does: integers in double
+    precision, truncated; float16 in float32), then decompress the result,
+    whose static shape is ``result_shape(wire shape)`` (allreduce and
+    reducescatter)."""
     tensor = tf.convert_to_tensor(tensor)
     wire, context = compression.compress(tensor)
-    if prescale_factor != 1.0:
-        wire = wire * tf.cast(prescale_factor, wire.dtype)
-    out = _run(lambda value: reduce(np.ascontiguousarray(value)), [wire], wire.dtype, label)
+    pre, post = float(prescale_factor), float(postscale_factor)
+    out = _run(lambda value: reduce(np.ascontiguousarray(value), pre, post), [wire], wire.dtype, label)
     out.set_shape(result_shape(wire.shape))
-    if postscale_factor != 1.0:
-        out = out * tf.cast(postscale_factor, out.dtype)
     return compression.decompress(out, context)
 
 
@@ -98,27 +156,27 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
         return [allreduce(t, op=op, compression=compression, prescale_factor=prescale_factor,
                           postscale_factor=postscale_factor, name=None if name is None else f"{name}.{i}")
                 for i, t in enumerate(tensors)]
-    wires, contexts = [], []
-    for t in tensors:
-        wire, context = compression.compress(tf.convert_to_tensor(t))
-        if prescale_factor != 1.0:
-            wire = wire * tf.cast(prescale_factor, wire.dtype)
-        wires.append(wire)
-        contexts.append(context)
+    pre, post = float(prescale_factor), float(postscale_factor)
 
-    def run(*values):
-        return numpy_ops.grouped_allreduce([np.ascontiguousarray(v) for v in values], op, name)
+    def forward(*inputs):
+        wires, contexts = zip(*(compression.compress(t) for t in inputs))
 
-    outs = _run(run, wires, [w.dtype for w in wires], "hvd_partial_grouped_allreduce")
-    if not isinstance(outs, (list, tuple)):
-        outs = [outs]
-    result = []
-    for out, wire, context in zip(outs, wires, contexts):
-        out.set_shape(wire.shape)
-        if postscale_factor != 1.0:
-            out = out * tf.cast(postscale_factor, out.dtype)
-        result.append(compression.decompress(out, context))
-    return result
+        def run(*values):
+            return numpy_ops.grouped_allreduce([np.ascontiguousarray(v) for v in values], op, name, pre, post)
+
+        outs = _run(run, list(wires), [w.dtype for w in wires], "hvd_partial_grouped_allreduce")
+        if not isinstance(outs, (list, tuple)):
+            outs = [outs]
+        result = []
+        for out, wire, context in zip(outs, wires, contexts):
+            out.set_shape(wire.shape)
+            result.append(compression.decompress(out, context))
+        return result
+
+    def backward(_, *dys):
+        return grouped_allreduce(list(dys), op=op, prescale_factor=pre, postscale_factor=post)
+
+    return _with_gradient([tf.convert_to_tensor(t) for t in tensors], forward, backward)
 
 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
@@ -132,12 +190,19 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
     require_global(process_set, "allgather")
     tensor = tf.convert_to_tensor(tensor)
 
-    def run(value):
-        return numpy_ops.allgather(np.ascontiguousarray(value), name)
+    def forward(x):
+        out = _run(lambda value: numpy_ops.allgather(np.ascontiguousarray(value), name), [x], x.dtype,
+                   "hvd_partial_allgather")
+        out.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]) if x.shape.rank else None)
+        return out
 
-    out = _run(run, [tensor], tensor.dtype, "hvd_partial_allgather")
-    out.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]) if tensor.shape.rank else None)
-    return out
+    def backward(_, dy):
+        # Horovod's rule: the averaged gradient of the whole, cut at this rank's rows.
+        reduced = allreduce(dy, op=_core.Average)
+        rows = allgather(tf.shape(tensor, out_type=tf.int64)[:1])
+        return tf.split(reduced, rows, num=_core.size(), axis=0)[_core.rank()]
+
+    return _with_gradient([tensor], forward, backward)
 
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
@@ -159,9 +224,23 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=_cor
     require_default("reducescatter", device_dense=(device_dense, ""))
     require_global(process_set, "reducescatter")
     op = resolve_op(op, None, "reducescatter")
-    return _scaled_reduction(tensor, compression, prescale_factor, postscale_factor,
-                             lambda value: numpy_ops.reducescatter(value, op, name), "hvd_partial_reducescatter",
-                             lambda shape: tf.TensorShape([None]).concatenate(shape[1:]) if shape.rank else None)
+    tensor = tf.convert_to_tensor(tensor)
+    if tensor.shape.rank == 0:
+        raise ConfigError(f"rank {rank_label()}: reducescatter needs a tensor of rank 1 or more (it splits the first "
+                          "axis), got a scalar")
+
+    def forward(x):
+        return _scaled_reduction(x, compression, prescale_factor, postscale_factor,
+                                 lambda value, pre, post: numpy_ops.reducescatter(value, op, name, pre, post),
+                                 "hvd_partial_reducescatter",
+                                 lambda shape: tf.TensorShape([None]).concatenate(shape[1:]) if shape.rank else None)
+
+    def backward(_, dy):
+        # Horovod's rule: this rank's block of every rank's input got dy here; Sum counts it size times.
+        factor = (_core.size() if op is _core.Sum else 1.0) * prescale_factor * postscale_factor
+        return allgather(dy * tf.cast(factor, dy.dtype) if factor != 1.0 else dy)
+
+    return _with_gradient([tensor], forward, backward)
 
 
 def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=_core.Average,
@@ -173,11 +252,13 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Send block i of the first axis (``splits[i]`` rows; equal blocks by
-    default) to rank i. Returns ``(received, received_splits)`` as in Horovod.
+    default) to rank i. As in Horovod, returns the received tensor, and with
+    ``splits`` given ``(received, received_splits)``.
 
     Example::
 
-        received, counts = hvd.alltoall(tf.range(4 * hvd.size()))
+        received = hvd.alltoall(tf.range(4 * hvd.size()))
+        received, counts = hvd.alltoall(rows, splits=[1, 3])
     """
     require_global(process_set, "alltoall")
     tensor = tf.convert_to_tensor(tensor)
@@ -188,10 +269,19 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
                                               maybe_splits[0] if maybe_splits else None, name)
         return received, np.asarray(counts, dtype=np.int32)
 
-    received, counts = _run(run, inputs, [tensor.dtype, tf.int32], "hvd_partial_alltoall")
-    received.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]) if tensor.shape.rank else None)
-    counts.set_shape([None])
-    return received, counts
+    def forward(*xs):
+        received, counts = _run(run, list(xs), [tensor.dtype, tf.int32], "hvd_partial_alltoall")
+        received.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]) if tensor.shape.rank else None)
+        counts.set_shape([None])
+        return received, counts
+
+    def backward(outs, d_received, _):
+        # The gradient goes back where the rows came from: an alltoall with the received counts.
+        grad, _ = alltoall(d_received, splits=outs[1])
+        return [grad] + [None] * (len(inputs) - 1)
+
+    received, counts = _with_gradient(inputs, forward, backward)
+    return received if splits is None else (received, counts)
 
 
 def join():
@@ -213,16 +303,25 @@ def broadcast(tensor, root_rank: int, name=None, ignore_name_scope=False, proces
         flat = np.ascontiguousarray(value)
         return _core.broadcast(_portable(flat), root_rank, name=name).view(flat.dtype).reshape(flat.shape)
 
-    out = _run(run, [tensor], tensor.dtype, "hvd_partial_broadcast")
-    out.set_shape(tensor.shape)
-    return out
+    def forward(x):
+        out = _run(run, [x], x.dtype, "hvd_partial_broadcast")
+        out.set_shape(x.shape)
+        return out
+
+    def backward(_, dy):
+        # Horovod's rule: the averaged gradient on the root, zero elsewhere.
+        reduced = allreduce(dy, op=_core.Average)
+        return reduced if _core.rank() == root_rank else reduced * 0
+
+    return _with_gradient([tensor], forward, backward)
 
 
 def broadcast_(variables, root_rank: int, name=None, process_set=global_process_set):
     """Horovod's in-place broadcast: assign ``root_rank``'s values to ``variables``."""
     require_global(process_set, "broadcast_")
-    broadcast_variables(variables, root_rank)
-    return variables
+    variables = list(variables)
+    assigned = _broadcast_assign(variables, root_rank)
+    return variables if tf.executing_eagerly() else assigned
 
 
 def broadcast_global_variables(root_rank: int):
@@ -235,20 +334,26 @@ def broadcast_global_variables(root_rank: int):
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
-def broadcast_variables(variables, root_rank: int = 0, process_set=global_process_set, inplace: bool = False) -> None:
+def broadcast_variables(variables, root_rank: int = 0, process_set=global_process_set, inplace: bool = False):
     """Assign ``root_rank``'s values to ``variables`` (tf or Keras variables) on
     every rank, one fused broadcast per dtype. Ranks must pass variables of the
     same shapes and dtypes in the same order, or every rank raises
-    ``MismatchError``.
+    ``MismatchError``. Eagerly it returns None; in a TF1-style graph, the op
+    that assigns (as Horovod's).
 
     Example::
 
         hvd.broadcast_variables(model.weights + optimizer.variables, root_rank=0)
     """
     require_global(process_set, "broadcast_variables")
-    variables = list(variables)
+    assigned = _broadcast_assign(list(variables), root_rank)
+    return None if tf.executing_eagerly() else tf.group(*assigned)
+
+
+def _broadcast_assign(variables: list, root_rank: int) -> list:
+    """Broadcast and assign; the assignments' results, one per variable."""
     if not variables:
-        return
+        return []
     values = []
     for var in variables:
         if not hasattr(var, "assign"):
@@ -271,14 +376,16 @@ def broadcast_variables(variables, root_rank: int = 0, process_set=global_proces
             out.append(_core.broadcast(_portable(flat), root_rank, name=f"variables[{names}...]").view(flat.dtype))
         return out
 
-    fused = tf.numpy_function(run, values, dtypes, stateful=True, name="hvd_partial_broadcast_variables")
+    fused = _run(run, values, dtypes, "hvd_partial_broadcast_variables")
     if not isinstance(fused, (list, tuple)):
         fused = [fused]
+    assigned = [None] * len(variables)
     for idx, flat in zip(groups, fused):
         sizes = [int(np.prod(values[i].shape.as_list(), dtype=np.int64)) for i in idx]
         pieces = tf.split(flat, sizes) if len(idx) > 1 else [flat]
         for i, piece in zip(idx, pieces):
-            variables[i].assign(tf.reshape(piece, values[i].shape))
+            assigned[i] = variables[i].assign(tf.reshape(piece, values[i].shape))
+    return assigned
 
 
 def _portable(array: np.ndarray) -> np.ndarray:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 import hvd_partial as _core
+from ..errors import NotSupportedError
 from ..modes import Mode, ReduceOp
 from . import handoff, state
 from .basics import global_process_set, require_default, require_global
@@ -84,10 +85,11 @@ class DistributedGradientTape:
             raise TypeError(f"DistributedGradientTape wraps a tf.GradientTape, got {type(gradtape).__name__}")
         require_default("DistributedGradientTape", device_dense=(device_dense, ""),
                         device_sparse=(device_sparse, ""), gradient_predivide_factor=(gradient_predivide_factor, 1.0),
-                        num_groups=(num_groups, 0), groups=(groups, None),
-                        scale_local_gradients=(scale_local_gradients, True))
+                        num_groups=(num_groups, 0), groups=(groups, None))
         require_global(process_set, "DistributedGradientTape")
         self._tape = gradtape
+        self._local_sources: dict[int, object] = {}  # id -> source whose gradient stays this rank's
+        self._scale_local_gradients = bool(scale_local_gradients)
         self._settings = (mode, op, compression, max_staleness, sparse_as_dense)
         self._name = name
         # Checks the settings now; the stream is chosen at the first gradient() (it depends on the sources).
@@ -131,6 +133,18 @@ class DistributedGradientTape:
         # Only reached for names this class does not define: watch, stop_recording, jacobian, ...
         return getattr(self._tape, attr)
 
+    def register_local_source(self, source) -> None:
+        """Horovod's call for model parallelism: ``source``'s gradient is this
+        rank's own, never reduced (divided by the number of ranks with
+        ``scale_local_gradients=True``, the default, as in Horovod); its shape
+        may differ between ranks. Sync mode only: a round of solo or majority
+        carries every source of the tape (``NotSupportedError`` otherwise)."""
+        if self.mode.kind != "sync":
+            raise NotSupportedError(
+                f"rank {_core.rank()}: DistributedGradientTape.register_local_source works in sync mode only "
+                f"(this tape's mode is {self.mode!r}); keep local variables out of the tape's sources instead")
+        self._local_sources[id(source)] = source
+
     @graph_builder
     def gradient_rounds(self, target, sources, output_gradients=None,
                         unconnected_gradients=tf.UnconnectedGradients.NONE) -> RoundGradients:
@@ -143,19 +157,34 @@ class DistributedGradientTape:
 
             tape.gradient_rounds(loss, variables).apply(optimizer)
         """
-        return self._post(target, sources, output_gradients, unconnected_gradients, handed_out=False)
+        if self._local_sources:
+            raise NotSupportedError(f"rank {_core.rank()}: gradient_rounds() with local sources registered; call "
+                                    "gradient() (sync mode)")
+        return self._post(target, tf.nest.flatten(sources), output_gradients, unconnected_gradients,
+                          handed_out=False)[0]
 
-    def _post(self, target, sources, output_gradients, unconnected_gradients, handed_out: bool) -> RoundGradients:
-        flat_sources = tf.nest.flatten(sources)
-        exchange = self._exchange_for(flat_sources)
+    def _post(self, target, flat_sources: list, output_gradients, unconnected_gradients,
+              handed_out: bool) -> tuple[RoundGradients, dict]:
+        """Post the gradients of the sources not registered local; returns the
+        rounds taken and {index in flat_sources: local gradient}."""
         grads = self._tape.gradient(target, flat_sources, output_gradients=output_gradients,
                                     unconnected_gradients=unconnected_gradients)
+        local = {i: self._scaled_local(g) for i, (s, g) in enumerate(zip(flat_sources, grads))
+                 if id(s) in self._local_sources}
+        shared = [i for i in range(len(flat_sources)) if i not in local]
+        sources, grads = [flat_sources[i] for i in shared], [grads[i] for i in shared]
+        exchange = self._exchange_for(sources)
         if tf.executing_eagerly():
             try:
-                return exchange.exchange(grads, flat_sources, handed_out=handed_out)
+                return exchange.exchange(grads, sources, handed_out=handed_out), local
             except tf.errors.OpError as err:
                 exchange.reraise(err)
-        return exchange.exchange(grads, flat_sources, handed_out=handed_out)
+        return exchange.exchange(grads, sources, handed_out=handed_out), local
+
+    def _scaled_local(self, grad):
+        if grad is None or not self._scale_local_gradients:
+            return grad
+        return grad / tf.cast(_core.size(), grad.dtype)
 
     @graph_builder
     def gradient(self, target, sources, output_gradients=None,
@@ -169,11 +198,14 @@ class DistributedGradientTape:
         detected at the next post when k > 1 (``ConfigError``).
         """
         flat_sources = tf.nest.flatten(sources)
+        if self.mode.kind == "sync":
+            rounds, local = self._post(target, flat_sources, output_gradients, unconnected_gradients,
+                                       handed_out=False)
+            reduced = iter(rounds.round(0))
+            grads = [local[i] if i in local else next(reduced) for i in range(len(flat_sources))]
+            return tf.nest.pack_sequence_as(sources, grads)
+        rounds, _ = self._post(target, flat_sources, output_gradients, unconnected_gradients, handed_out=True)
         exchange = self._exchange_for(flat_sources)
-        if exchange.mode.kind == "sync":
-            rounds = self._post(target, sources, output_gradients, unconnected_gradients, handed_out=False)
-            return tf.nest.pack_sequence_as(sources, rounds.round(0))
-        rounds = self._post(target, sources, output_gradients, unconnected_gradients, handed_out=True)
         return tf.nest.pack_sequence_as(sources, handoff.hand_out(exchange, rounds, flat_sources))
 
     def flush(self, sources=None) -> RoundGradients:
@@ -187,6 +219,24 @@ class DistributedGradientTape:
         if self._exchange is None:
             return RoundGradients(None, [], None if sources is None else tf.nest.flatten(sources))
         return flush_gradients(self._exchange.name, sources)
+
+
+def PartialDistributedGradientTape(gradtape, local_layers=None, **kwargs) -> DistributedGradientTape:  # noqa: N802
+    """Horovod's model-parallel tape: a :class:`DistributedGradientTape`
+    (``kwargs`` are its arguments) with every trainable weight of
+    ``local_layers`` registered as a local source (sync mode only).
+
+    Example::
+
+        tape = hvd.PartialDistributedGradientTape(tape, local_layers=[model.embedding], mode=hvd.Sync())
+    """
+    tape = DistributedGradientTape(gradtape, **kwargs)
+    layers = [] if local_layers is None else list(local_layers) if isinstance(local_layers, (list, tuple)) \
+        else [local_layers]
+    for layer in layers:
+        for weight in layer.trainable_weights:
+            tape.register_local_source(weight)
+    return tape
 
 
 def flush_gradients(name: str = DEFAULT_TAPE_STREAM, sources=None) -> RoundGradients:

@@ -91,6 +91,19 @@ def test_learning_rate_and_iterations_are_the_inner_optimizers():
     assert opt.mode == hvd.Solo()  # the default
 
 
+def test_compute_gradients_returns_this_ranks_gradients_and_pairs():
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    x = tf.Variable(3.0)
+    (grad, var), = opt._compute_gradients(lambda: x * x, [x])  # Horovod's private name, read by its tests
+    assert var is x and float(grad) == 6.0
+    with tf.GradientTape() as tape:
+        loss = 5.0 * x
+    (grad, _), = opt._compute_gradients(loss, [x], tape=tape)
+    assert float(grad) == 5.0
+    with pytest.raises(hvd.UnsupportedInputError, match="tape"):
+        opt._compute_gradients(tf.constant(1.0), [x])
+
+
 @pytest.mark.parametrize("make, error, text", [
     (lambda: hvd.DistributedOptimizer(hvd.DistributedOptimizer(keras.optimizers.SGD())),
      hvd.UnsupportedInputError, "already a DistributedOptimizer"),
@@ -209,7 +222,7 @@ def test_helper_arguments_follow_horovod():
     assert resolve_op(None, None, "x") is hvd.Average and resolve_op(hvd_tf.Min, None, "x") is hvd_tf.Min
     with pytest.raises(hvd.ConfigError, match="not both"):
         resolve_op(hvd.Sum, True, "x")
-    with pytest.raises(hvd.ConfigError, match="Adasum"):
+    with pytest.raises(hvd.NotSupportedError, match="Adasum"):
         hvd_tf.allreduce(tf.constant([1.0]), op=hvd_tf.Adasum)
     with pytest.raises(hvd.NotSupportedError, match="global_process_set"):
         hvd_tf.allgather(tf.constant([1.0]), process_set=hvd_tf.ProcessSet([0]))

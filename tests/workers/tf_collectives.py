@@ -2,7 +2,10 @@
 in tf.function: allreduce (op, average=, pre/postscale, IndexedSlices),
 grouped_allreduce, allgather (uneven first dimensions), reducescatter,
 alltoall (default and explicit splits), broadcast, topology; and a
-mismatched allgather that fails on every rank instead of hanging. Plus the
+mismatched allgather that fails on every rank instead of hanging. Horovod's
+semantics beyond values: gradients through every collective, integer
+prescaling, the error classes, TF1-graph execution order, in-place
+broadcast in a graph and model-parallel local sources. Plus the
 Keras learning-rate callbacks in solo mode: Horovod's per-batch callbacks and a
 rate set by hand at every local batch keep the replicas identical (the rate
 travels with the rounds)."""
@@ -32,8 +35,8 @@ def collectives(rank, size):
     out["grouped"] = [g.numpy().tolist() for g in grouped]
     out["allgather"] = hvd.allgather(tf.fill([rank + 1, 2], rank)).numpy().tolist()
     out["reducescatter"] = hvd.reducescatter(tf.ones([2 * size + 1, 2]) * (rank + 1), op=hvd.Sum).numpy().tolist()
-    received, splits = hvd.alltoall(tf.range(size * 2) + 100 * rank)
-    out["alltoall"] = [received.numpy().tolist(), splits.numpy().tolist()]
+    received = hvd.alltoall(tf.range(size * 2) + 100 * rank)  # Horovod: no splits given, none returned
+    out["alltoall"] = received.numpy().tolist()
     ragged = [r + 1 for r in range(size)]  # rank i sends i+1 rows to every rank... per destination j: j+1 rows
     received, splits = hvd.alltoall(tf.fill([sum(ragged)], rank), splits=ragged)
     out["alltoall_splits"] = [received.numpy().tolist(), splits.numpy().tolist()]
@@ -57,6 +60,55 @@ def collectives(rank, size):
     except Exception as err:  # noqa: BLE001 - the error as TensorFlow hands it over
         out["mismatch"] = f"{type(err).__name__}: {err}"
     out["join"] = hvd.join()
+    return out
+
+
+def horovod_semantics(rank, size):
+    out = {}
+    x = tf.Variable([1.0, 2.0, 3.0] * size)
+    with tf.GradientTape(persistent=True) as tape:
+        ys = {"allreduce_sum": hvd.allreduce(x * (rank + 1), op=hvd.Sum),
+              "allreduce_scaled": hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5),
+              "grouped": hvd.grouped_allreduce([x, x * 2.0], op=hvd.Average),
+              "allgather": hvd.allgather(x),
+              "broadcast": hvd.broadcast(x, root_rank=1),
+              "reducescatter": hvd.reducescatter(x, op=hvd.Sum),
+              "alltoall": hvd.alltoall(x)}
+    out["grads"] = {name: tape.gradient(y, x).numpy().tolist() for name, y in ys.items()}
+    # Integers are scaled in double precision and truncated on each rank before the sum.
+    out["int_prescale"] = hvd.allreduce(tf.constant([3, 5], tf.int32), op=hvd.Sum, prescale_factor=0.5).numpy().tolist()
+    out["alltoall_no_splits_type"] = type(hvd.alltoall(tf.range(size))).__name__
+    errors = {}
+    for what, call in {"mismatch": lambda: hvd.allreduce(tf.ones([2 + rank])),
+                       "bad_split": lambda: hvd.alltoall(tf.ones([size + 1]))}.items():
+        try:
+            call()
+            errors[what] = None
+        except Exception as err:  # noqa: BLE001 - the class TensorFlow hands over is what is checked
+            errors[what] = type(err).__name__
+    out["errors"] = errors
+    with tf.Graph().as_default():
+        # Built in one order, run in one session.run: each rank's graph runs them in the order built.
+        values = [tf.fill([n + 1], float(n * (rank + 1))) for n in range(6)]
+        reduced = [hvd.allreduce(v, op=hvd.Sum) for v in values]
+        var = tf.compat.v1.Variable([float(rank)] * 2)
+        assigned, = hvd.broadcast_([var], root_rank=size - 1)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            out["graph_order"] = [r.tolist() for r in session.run(reduced)]
+            out["graph_broadcast_"] = session.run(assigned).tolist()
+    local = tf.Variable(tf.ones([2 + rank, 2]))  # a shape of this rank's own
+
+    @tf.function
+    def model_parallel_step():
+        with tf.GradientTape() as tape:
+            loss = (tf.reduce_sum(local) + tf.reduce_sum(x)) * (rank + 1)
+        tape = hvd.DistributedGradientTape(tape, mode=hvd.Sync(), name="model_parallel")
+        tape.register_local_source(local)
+        return tape.gradient(loss, [local, x])
+
+    g_local, g_shared = model_parallel_step()
+    out["local_source"] = [g_local.numpy().tolist(), g_shared.numpy().tolist()]
     return out
 
 
@@ -102,6 +154,8 @@ def main():
     rank, size = hvd.rank(), hvd.size()
     phase("collectives")
     out = {"collectives": collectives(rank, size)}
+    phase("horovod_semantics")
+    out["semantics"] = horovod_semantics(rank, size)
     phase("schedules")
     out["schedules"] = schedules(rank, size)
     report(out)
