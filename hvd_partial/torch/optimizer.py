@@ -40,6 +40,7 @@ from ..collectives.process_sets import check_process_set, global_process_set
 from ..core.round_result import RoundResult
 from ..errors import ConfigError, HvdPartialError, MismatchError, UnsupportedInputError
 from ..modes import Mode, ReduceOp
+from .backward_buckets import BackwardBuckets
 from .compression import Compression
 from .parameter_grads import ParameterGradients, rank_label
 from .round_hyperparameters import RoundHyperparameters
@@ -60,15 +61,20 @@ class _PassCounter:
     apart from the optimizer so the autograd hooks do not hold it alive).
 
     The check happens in ``step``, not in the hook: a parameter may be shared
-    by several wrappers, and an unused wrapper must not break backward."""
+    by several wrappers, and an unused wrapper must not break backward.
+    ``on_last_pass(param)`` runs when a parameter received its last pass of
+    the step (sync mode's overlap posts its bucket then)."""
 
-    def __init__(self, limit: int, names: dict[int, str]):
+    def __init__(self, limit: int, names: dict[int, str], on_last_pass=None):
         self.limit = limit
         self.names = names
         self.counts: dict[int, int] = {}
+        self.on_last_pass = on_last_pass
 
     def __call__(self, param: torch.Tensor) -> None:
-        self.counts[id(param)] = self.counts.get(id(param), 0) + 1
+        n = self.counts[id(param)] = self.counts.get(id(param), 0) + 1
+        if n == self.limit and self.on_last_pass is not None:
+            self.on_last_pass(param)
 
     def check(self) -> None:
         for pid, n in self.counts.items():
@@ -195,6 +201,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._parked_rounds: list[RoundResult] = []  # ... taken between synchronize() and step()
         self.last_results: list[RoundResult] = []
         self._hook_handles: list = []
+        self._overlap: BackwardBuckets | None = None  # sync mode: buckets posted during backward
+        self._overlap_settled = False  # whether the first synchronize() decided on overlap
         self._collect_parameters()
 
     # ===== parameters ======================================================================
@@ -207,7 +215,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                  for p in g["params"]}
         for handle in self._hook_handles:
             handle.remove()
-        self._passes = _PassCounter(self._backward_passes, self._grads.names_by_id)
+        me = weakref.ref(self)
+
+        def last_pass(param):
+            optimizer = me()
+            if optimizer is not None and optimizer._overlap is not None:
+                optimizer._post_ready_buckets(param)
+
+        self._passes = _PassCounter(self._backward_passes, self._grads.names_by_id, last_pass)
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._passes) for p in self._grads.params]
 
     # ===== Horovod's interface ============================================================
@@ -261,6 +276,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return self._updates
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._overlap is not None and self._overlap.posted:
+            raise SynchronizationError(
+                f"rank {rank_label()}: optimizer.zero_grad() after backward() posted gradient buckets "
+                "(overlap_backward) but before optimizer.step() or optimizer.synchronize(): those reductions are "
+                "under way on every rank. Call step() (or synchronize()) first, as Horovod requires")
+        if self._overlap is not None:
+            self._overlap.reset()
         self._passes.reset()
         self._inner.zero_grad(set_to_none=set_to_none)
 
@@ -322,12 +344,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._listen_for_unpark()
         self._passes.check()
         self._grads.settle_sparse_layout(self._mode)
-        arrays, ctxs = self._grads.pack(self._mode)
-        arrays.append(self._carried.encode())  # last: ParameterGradients.load zips the others with params
-        handle = _core.grouped_partial_allreduce_async(arrays, self._name, mode=self._mode, op=self._op,
-                                                       max_staleness=self._max_staleness)
+        overlap = self._settle_overlap()
         try:
-            results = _core.synchronize(handle)
+            if overlap is not None:
+                results, ctxs = overlap.finish(self._carried.encode())
+            else:
+                arrays, ctxs = self._grads.pack(self._mode)
+                arrays.append(self._carried.encode())  # last: ParameterGradients.load zips the others with params
+                handle = _core.grouped_partial_allreduce_async(arrays, self._name, mode=self._mode, op=self._op,
+                                                               max_staleness=self._max_staleness)
+                results = _core.synchronize(handle)
         except MismatchError as err:
             raise explain_mismatch(self._grads, self._name, err) from err
         results = self._parked_rounds + results
@@ -380,9 +406,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._apply_queue()
         if not self._posted:
             return []  # round 0 needs every rank's first post: nobody has posted
+        if self._overlap is not None and self._overlap.posted:
+            raise SynchronizationError(
+                f"rank {rank_label()}: optimizer.flush() after backward() posted gradient buckets "
+                "(overlap_backward) but before optimizer.step(): call step() first")
         self._busy = True
         try:
-            results = _core.flush(self._name)
+            results = self._overlap.flush() if self._overlap is not None else _core.flush(self._name)
         except MismatchError as err:
             raise explain_mismatch(self._grads, self._name, err) from err
         finally:
@@ -471,6 +501,31 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return f"DistributedOptimizer({self._inner.__class__.__name__}, mode={self._mode}, stream={self._name!r})"
 
     # ===== internals ================================================================================
+
+    def _settle_overlap(self) -> BackwardBuckets | None:
+        """At the first ``synchronize()`` (the sparse layout is settled then):
+        whether this optimizer posts buckets during backward, and which. Only in
+        sync mode, with ``overlap_backward`` on and outside elastic training."""
+        if not self._overlap_settled:
+            self._overlap_settled = True
+            cfg = _core.config()
+            if (self._mode.kind == "sync" and cfg.overlap_backward and not cfg.elastic
+                    and len(self._grads.sparse_indices) < len(self._grads.params)):
+                self._overlap = BackwardBuckets(self._grads, self._name, self._mode, self._op,
+                                                cfg.fusion_threshold_bytes)
+                log.debug("rank %s: %s posts %d buckets during backward: %s", rank_label(), self._name,
+                          len(self._overlap.buckets), self._overlap.describe())
+        return self._overlap
+
+    def _post_ready_buckets(self, param: torch.Tensor) -> None:
+        """Autograd hook, sync mode with overlap: ``param`` received its last pass of the step."""
+        if self._synchronized:  # a backward pass after synchronize() without step(): that step was skipped
+            self._drop_skipped_rounds()
+        try:
+            self._overlap.ready(param)
+        except BaseException:
+            self._overlap.reset()
+            raise
 
     def _listen_for_unpark(self) -> None:
         if self._mode.kind == "sync":
