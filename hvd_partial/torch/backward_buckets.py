@@ -28,12 +28,10 @@ Example::
 
     buckets = BackwardBuckets(grads, "torch.DistributedOptimizer.0", mode, op, bucket_bytes=1 << 20)
     hook: buckets.ready(param)                 # during backward, per parameter, after its last pass
-    results, ctxs = buckets.finish(hyper)      # in synchronize(): the step's rounds, merged
+    results, ctxs, changed = buckets.finish(hyper)   # in synchronize(): the step's rounds, merged
 """
 
 from __future__ import annotations
-
-import logging
 
 import numpy as np
 import torch
@@ -45,15 +43,9 @@ from ..modes import Mode, ReduceOp
 from .parameter_grads import ParameterGradients, rank_label
 from .tensors import HostStaging
 
-log = logging.getLogger("hvd_partial.torch")
-
 # Each bucket is a stream with its own communicator, and MPI caps communicators
 # (MPICH about 2,000 per process): beyond this many, buckets grow instead.
 MAX_BUCKETS = 64
-
-
-class GradientChangedError(HvdPartialError):
-    """A gradient changed after its bucket was posted during ``backward()``."""
 
 
 def plan_buckets(params: list[torch.Tensor], dense: list[int], itemsizes: list[int], limit: int) -> list[list[int]]:
@@ -124,31 +116,27 @@ class BackwardBuckets:
             self._post(self.next, None)
             self.next += 1
 
-    def finish(self, hyperparameters: np.ndarray) -> tuple[list[RoundResult], list]:
+    def finish(self, hyperparameters: np.ndarray) -> tuple[list[RoundResult], list, list[str]]:
         """Post every bucket not yet posted (the last with ``hyperparameters``),
         wait for all, and return the step's rounds, each joined over the buckets
-        in the stream's array order, with the compression contexts to load them."""
+        in the stream's array order, the compression contexts to load them, and
+        the names of the parameters whose gradient changed after its bucket was
+        posted during backward (the rounds hold them as they were then)."""
         for k in range(self.next, len(self.buckets)):
             self._post(k, hyperparameters if k == len(self.buckets) - 1 else None)
         self.next = len(self.buckets)
-        changed = [k for k in range(len(self.buckets) - 1) if self._versions(k) != self.versions[k]]
+        changed = [self.grads.names[i] for k in range(len(self.buckets) - 1)
+                   for i, then, now in zip(self.buckets[k], self.versions[k], self._versions(k)) if then != now]
         try:
             per_bucket = [_core.synchronize(h) for h in self.handles]
         finally:
             ctxs_by_bucket = self.ctxs
             self.reset()
-        if changed:
-            names = [self.grads.names[i] for k in changed for i in self.buckets[k]]
-            raise GradientChangedError(
-                f"rank {rank_label()}: the gradients of {names[:5]}{' ...' if len(names) > 5 else ''} changed after "
-                "backward() posted them (overlap_backward); the round reduced them as they were when posted, so "
-                "the change would be lost on this rank only. Change gradients after optimizer.synchronize() "
-                "(Horovod's pattern), or set HVD_PARTIAL_OVERLAP_BACKWARD=0")
         ctxs: list = [None] * len(self.dense)
         for bucket, bucket_ctxs in zip(self.buckets, ctxs_by_bucket):
             for i, ctx in zip(bucket, bucket_ctxs):
                 ctxs[self._position[i]] = ctx
-        return self._join(per_bucket), ctxs
+        return self._join(per_bucket), ctxs, changed
 
     def flush(self) -> list[RoundResult]:
         """Collective: flush every bucket's stream together; the rounds joined as in ``finish``."""

@@ -347,7 +347,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         overlap = self._settle_overlap()
         try:
             if overlap is not None:
-                results, ctxs = overlap.finish(self._carried.encode())
+                results, ctxs, changed = overlap.finish(self._carried.encode())
+                if changed:
+                    raise SynchronizationError(
+                        f"rank {rank_label()}: the gradients of {changed[:5]}{' ...' if len(changed) > 5 else ''} "
+                        "changed after backward() posted them (overlap_backward, sync mode): the step's round holds "
+                        "them as they were then, so the change would be lost. Edit gradients after "
+                        "optimizer.synchronize() (Horovod's pattern), or set HVD_PARTIAL_OVERLAP_BACKWARD=0")
             else:
                 arrays, ctxs = self._grads.pack(self._mode)
                 arrays.append(self._carried.encode())  # last: ParameterGradients.load zips the others with params

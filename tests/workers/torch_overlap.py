@@ -18,7 +18,6 @@ from support import phase, report
 from torch_common import fingerprint, loss_of, make_data, max_diff
 
 import hvd_partial.torch as hvd
-from hvd_partial.torch.backward_buckets import GradientChangedError
 from hvd_partial.torch.optimizer import SynchronizationError
 
 B = 6  # samples per rank per step
@@ -100,7 +99,7 @@ def train(variant: str) -> dict:
         model.out.weight.grad.mul_(0.5)  # its bucket went out during backward
         try:
             opt.step()
-        except GradientChangedError as err:
+        except SynchronizationError as err:
             errors["changed"] = str(err)
     flushed = opt.flush()
     # spare: zeros here (as in Horovod: another rank may have a gradient), None in the reference,
