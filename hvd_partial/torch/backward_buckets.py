@@ -18,8 +18,9 @@ the same order, and every gradient travels in exactly one round. ``finish``
 (from ``synchronize()``) posts every bucket not yet posted (parameters
 without a gradient as zeros, as without overlap), waits for all of them and
 joins the K rounds of the step into one result in the stream's array order:
-the optimizer applies it as one round, exactly as a post of the whole
-gradient.
+the optimizer applies it as one round, as it would a post of the whole
+gradient (bitwise the same sums on 2 ranks; on more, equal to rounding, since
+the buffers are cut differently).
 
 With a single bucket (a model below ``fusion_threshold_bytes``) nothing is
 posted before ``step()``: the post is the one made without overlap.
@@ -27,8 +28,8 @@ posted before ``step()``: the post is the one made without overlap.
 Example::
 
     buckets = BackwardBuckets(grads, "torch.DistributedOptimizer.0", mode, op, bucket_bytes=1 << 20)
-    hook: buckets.ready(param)                 # during backward, per parameter, after its last pass
-    results, ctxs, changed = buckets.finish(hyper)   # in synchronize(): the step's rounds, merged
+    buckets.ready(param)                             # from the hook, after param's last pass of the step
+    results, ctxs, changed = buckets.finish(hyper)   # in synchronize(): the step's rounds, joined
 """
 
 from __future__ import annotations
@@ -128,7 +129,10 @@ class BackwardBuckets:
         changed = [self.grads.names[i] for k in range(len(self.buckets) - 1)
                    for i, then, now in zip(self.buckets[k], self.versions[k], self._versions(k)) if then != now]
         try:
-            per_bucket = [_core.synchronize(h) for h in self.handles]
+            # The optimizer's own stream first: where ranks disagree on the buckets (another
+            # overlap_backward or fusion_threshold_bytes), its registration fails on every rank.
+            last = _core.synchronize(self.handles[-1])
+            per_bucket = [_core.synchronize(h) for h in self.handles[:-1]] + [last]
         finally:
             ctxs_by_bucket = self.ctxs
             self.reset()

@@ -7,7 +7,9 @@ with its hyperparameters, as one fused stream and applies every round it
 takes, in round order, through the wrapped optimizer, with the round's
 hyperparameters: a rank that was behind makes k update steps at once (no
 forward or backward), so parameters and optimizer state stay bitwise
-identical on every rank.
+identical on every rank. In sync mode with ``overlap_backward`` the gradients
+go out in buckets during ``backward()`` instead (``backward_buckets.py``), and
+``step()`` posts the rest.
 
 Example::
 
