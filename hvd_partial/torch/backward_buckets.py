@@ -34,6 +34,8 @@ Example::
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
@@ -43,6 +45,8 @@ from ..errors import HvdPartialError
 from ..modes import Mode, ReduceOp
 from .parameter_grads import ParameterGradients, rank_label
 from .tensors import HostStaging
+
+log = logging.getLogger("hvd_partial.torch")
 
 # Each bucket is a stream with its own communicator, and MPI caps communicators
 # (MPICH about 2,000 per process): beyond this many, buckets grow instead.
@@ -92,6 +96,21 @@ class BackwardBuckets:
         self._position = {i: n for n, i in enumerate(self.dense)}  # a parameter's place in the stream's arrays
         self.reset()
 
+    @classmethod
+    def for_optimizer(cls, grads: ParameterGradients, stream: str, mode: Mode,
+                      op: ReduceOp) -> "BackwardBuckets | None":
+        """The buckets of an optimizer at its first step, or None where it posts
+        at ``step()``: solo and majority, ``overlap_backward`` off, ``elastic``
+        training, or no dense gradient."""
+        cfg = _core.config()
+        if (mode.kind != "sync" or not cfg.overlap_backward or cfg.elastic
+                or len(grads.sparse_indices) == len(grads.params)):
+            return None
+        buckets = cls(grads, stream, mode, op, cfg.fusion_threshold_bytes)
+        log.debug("rank %s: %s posts %d buckets during backward: %s", rank_label(), stream, len(buckets.buckets),
+                  buckets.describe())
+        return buckets
+
     def reset(self) -> None:
         """A new step: nothing posted, every bucket waiting for all its gradients."""
         self.missing = [len(b) for b in self.buckets]
@@ -107,15 +126,20 @@ class BackwardBuckets:
 
     def ready(self, param: torch.Tensor) -> None:
         """``param``'s gradient received its last pass of the step: post the
-        buckets that are now complete, in order (never the last: ``finish``)."""
+        buckets that are now complete, in order (never the last: ``finish``).
+        A post that raises leaves the step as if nothing was posted."""
         k = self.bucket_of.get(id(param))
         if k is None:
             return
         self.missing[k] -= 1
         last = len(self.buckets) - 1
-        while self.next < last and self.missing[self.next] <= 0:
-            self._post(self.next, None)
-            self.next += 1
+        try:
+            while self.next < last and self.missing[self.next] <= 0:
+                self._post(self.next, None)
+                self.next += 1
+        except BaseException:
+            self.reset()
+            raise
 
     def finish(self, hyperparameters: np.ndarray) -> tuple[list[RoundResult], list, list[str]]:
         """Post every bucket not yet posted (the last with ``hyperparameters``),

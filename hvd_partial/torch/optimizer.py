@@ -220,9 +220,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         me = weakref.ref(self)
 
         def last_pass(param):
+            # Sync mode with overlap: param received its last pass of the step; post what is complete.
             optimizer = me()
-            if optimizer is not None and optimizer._overlap is not None:
-                optimizer._post_ready_buckets(param)
+            if optimizer is None or optimizer._overlap is None:
+                return
+            if optimizer._synchronized:  # a backward pass after synchronize() without step(): that step was skipped
+                optimizer._drop_skipped_rounds()
+            optimizer._overlap.ready(param)
 
         self._passes = _PassCounter(self._backward_passes, self._grads.names_by_id, last_pass)
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._passes) for p in self._grads.params]
@@ -346,7 +350,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._listen_for_unpark()
         self._passes.check()
         self._grads.settle_sparse_layout(self._mode)
-        overlap = self._settle_overlap()
+        if not self._overlap_settled:  # at the first step, once the sparse layout is settled
+            self._overlap_settled = True
+            self._overlap = BackwardBuckets.for_optimizer(self._grads, self._name, self._mode, self._op)
+        overlap = self._overlap
         try:
             if overlap is not None:
                 results, ctxs, changed = overlap.finish(self._carried.encode())
@@ -509,31 +516,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return f"DistributedOptimizer({self._inner.__class__.__name__}, mode={self._mode}, stream={self._name!r})"
 
     # ===== internals ================================================================================
-
-    def _settle_overlap(self) -> BackwardBuckets | None:
-        """At the first ``synchronize()`` (the sparse layout is settled then):
-        whether this optimizer posts buckets during backward, and which. Only in
-        sync mode, with ``overlap_backward`` on and outside elastic training."""
-        if not self._overlap_settled:
-            self._overlap_settled = True
-            cfg = _core.config()
-            if (self._mode.kind == "sync" and cfg.overlap_backward and not cfg.elastic
-                    and len(self._grads.sparse_indices) < len(self._grads.params)):
-                self._overlap = BackwardBuckets(self._grads, self._name, self._mode, self._op,
-                                                cfg.fusion_threshold_bytes)
-                log.debug("rank %s: %s posts %d buckets during backward: %s", rank_label(), self._name,
-                          len(self._overlap.buckets), self._overlap.describe())
-        return self._overlap
-
-    def _post_ready_buckets(self, param: torch.Tensor) -> None:
-        """Autograd hook, sync mode with overlap: ``param`` received its last pass of the step."""
-        if self._synchronized:  # a backward pass after synchronize() without step(): that step was skipped
-            self._drop_skipped_rounds()
-        try:
-            self._overlap.ready(param)
-        except BaseException:
-            self._overlap.reset()
-            raise
 
     def _listen_for_unpark(self) -> None:
         if self._mode.kind == "sync":
