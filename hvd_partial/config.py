@@ -65,6 +65,11 @@ class Config:
     doorbell: bool = True
     #: Largest fused buffer the framework adapters build, in bytes.
     fusion_threshold_bytes: int = 64 * 1024 * 1024
+    #: PyTorch ``DistributedOptimizer`` in sync mode: post the gradients in
+    #: buckets of at most ``fusion_threshold_bytes`` during ``backward()``, as
+    #: each bucket's gradients are complete, so that reductions overlap the
+    #: rest of the backward pass (solo and majority post at ``step()``).
+    overlap_backward: bool = True
     #: Level of the ``hvd_partial`` logger (DEBUG, INFO, WARNING, ERROR).
     log_level: str = "WARNING"
     #: Install a ``sys.excepthook`` that tells the other ranks when this rank

@@ -7,7 +7,9 @@ with its hyperparameters, as one fused stream and applies every round it
 takes, in round order, through the wrapped optimizer, with the round's
 hyperparameters: a rank that was behind makes k update steps at once (no
 forward or backward), so parameters and optimizer state stay bitwise
-identical on every rank.
+identical on every rank. In sync mode with ``overlap_backward`` the gradients
+go out in buckets during ``backward()`` instead (``backward_buckets.py``), and
+``step()`` posts the rest.
 
 Example::
 
@@ -40,6 +42,7 @@ from ..collectives.process_sets import check_process_set, global_process_set
 from ..core.round_result import RoundResult
 from ..errors import ConfigError, HvdPartialError, MismatchError, UnsupportedInputError
 from ..modes import Mode, ReduceOp
+from .backward_buckets import BackwardBuckets
 from .compression import Compression
 from .parameter_grads import ParameterGradients, rank_label
 from .round_hyperparameters import RoundHyperparameters
@@ -60,15 +63,20 @@ class _PassCounter:
     apart from the optimizer so the autograd hooks do not hold it alive).
 
     The check happens in ``step``, not in the hook: a parameter may be shared
-    by several wrappers, and an unused wrapper must not break backward."""
+    by several wrappers, and an unused wrapper must not break backward.
+    ``on_last_pass(param)`` runs when a parameter received its last pass of
+    the step (sync mode's overlap posts its bucket then)."""
 
-    def __init__(self, limit: int, names: dict[int, str]):
+    def __init__(self, limit: int, names: dict[int, str], on_last_pass=None):
         self.limit = limit
         self.names = names
         self.counts: dict[int, int] = {}
+        self.on_last_pass = on_last_pass
 
     def __call__(self, param: torch.Tensor) -> None:
-        self.counts[id(param)] = self.counts.get(id(param), 0) + 1
+        n = self.counts[id(param)] = self.counts.get(id(param), 0) + 1
+        if n == self.limit and self.on_last_pass is not None:
+            self.on_last_pass(param)
 
     def check(self) -> None:
         for pid, n in self.counts.items():
@@ -195,6 +203,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._parked_rounds: list[RoundResult] = []  # ... taken between synchronize() and step()
         self.last_results: list[RoundResult] = []
         self._hook_handles: list = []
+        self._overlap: BackwardBuckets | None = None  # sync mode: buckets posted during backward
+        self._overlap_settled = False  # whether the first synchronize() decided on overlap
         self._collect_parameters()
 
     # ===== parameters ======================================================================
@@ -207,7 +217,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                  for p in g["params"]}
         for handle in self._hook_handles:
             handle.remove()
-        self._passes = _PassCounter(self._backward_passes, self._grads.names_by_id)
+        me = weakref.ref(self)
+
+        def last_pass(param):
+            # Sync mode with overlap: param received its last pass of the step; post what is complete.
+            optimizer = me()
+            if optimizer is None or optimizer._overlap is None:
+                return
+            if optimizer._synchronized:  # a backward pass after synchronize() without step(): that step was skipped
+                optimizer._drop_skipped_rounds()
+            optimizer._overlap.ready(param)
+
+        self._passes = _PassCounter(self._backward_passes, self._grads.names_by_id, last_pass)
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._passes) for p in self._grads.params]
 
     # ===== Horovod's interface ============================================================
@@ -261,6 +282,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return self._updates
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._overlap is not None and self._overlap.posted:
+            raise SynchronizationError(
+                f"rank {rank_label()}: optimizer.zero_grad() after backward() posted gradient buckets "
+                "(overlap_backward) but before optimizer.step() or optimizer.synchronize(): those reductions are "
+                "under way on every rank. Call step() (or synchronize()) first, as Horovod requires")
+        if self._overlap is not None:
+            self._overlap.reset()
         self._passes.reset()
         self._inner.zero_grad(set_to_none=set_to_none)
 
@@ -322,12 +350,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._listen_for_unpark()
         self._passes.check()
         self._grads.settle_sparse_layout(self._mode)
-        arrays, ctxs = self._grads.pack(self._mode)
-        arrays.append(self._carried.encode())  # last: ParameterGradients.load zips the others with params
-        handle = _core.grouped_partial_allreduce_async(arrays, self._name, mode=self._mode, op=self._op,
-                                                       max_staleness=self._max_staleness)
+        if not self._overlap_settled:  # at the first step, once the sparse layout is settled
+            self._overlap_settled = True
+            self._overlap = BackwardBuckets.for_optimizer(self._grads, self._name, self._mode, self._op)
+        overlap = self._overlap
         try:
-            results = _core.synchronize(handle)
+            if overlap is not None:
+                results, ctxs, changed = overlap.finish(self._carried.encode())
+                if changed:
+                    raise SynchronizationError(
+                        f"rank {rank_label()}: the gradients of {changed[:5]}{' ...' if len(changed) > 5 else ''} "
+                        "changed after backward() posted them (overlap_backward, sync mode): the step's round holds "
+                        "them as they were then, so the change would be lost. Edit gradients after "
+                        "optimizer.synchronize() (Horovod's pattern), or set HVD_PARTIAL_OVERLAP_BACKWARD=0")
+            else:
+                arrays, ctxs = self._grads.pack(self._mode)
+                arrays.append(self._carried.encode())  # last: ParameterGradients.load zips the others with params
+                handle = _core.grouped_partial_allreduce_async(arrays, self._name, mode=self._mode, op=self._op,
+                                                               max_staleness=self._max_staleness)
+                results = _core.synchronize(handle)
         except MismatchError as err:
             raise explain_mismatch(self._grads, self._name, err) from err
         results = self._parked_rounds + results
@@ -380,9 +421,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._apply_queue()
         if not self._posted:
             return []  # round 0 needs every rank's first post: nobody has posted
+        if self._overlap is not None and self._overlap.posted:
+            raise SynchronizationError(
+                f"rank {rank_label()}: optimizer.flush() after backward() posted gradient buckets "
+                "(overlap_backward) but before optimizer.step(): call step() first")
         self._busy = True
         try:
-            results = _core.flush(self._name)
+            results = self._overlap.flush() if self._overlap is not None else _core.flush(self._name)
         except MismatchError as err:
             raise explain_mismatch(self._grads, self._name, err) from err
         finally:

@@ -99,8 +99,17 @@ class ParameterGradients:
         """(id, version) of every gradient: changes when ``p.grad`` is replaced or edited in place."""
         return [(id(p.grad), p.grad._version) for p in self.params if p.grad is not None]
 
-    def pack(self, mode: Mode) -> tuple[list[np.ndarray], list]:
-        """This rank's gradients as the post's host arrays, with the compression contexts to load results with."""
+    @property
+    def sparse_indices(self) -> list[int]:
+        """Parameters whose gradients sync mode reduces by allgather (settled at the first step)."""
+        return list(self._sparse_idx or ())
+
+    def pack(self, mode: Mode, indices: list[int] | None = None,
+             staging: HostStaging | None = None) -> tuple[list[np.ndarray], list]:
+        """This rank's gradients as the post's host arrays, with the compression contexts to load results with.
+
+        ``indices``: only these parameters (a bucket posted during backward, dense ones),
+        staged through ``staging`` (a bucket's own pinned buffers); default: every dense one."""
         for p in self.frozen:
             if p.grad is not None:
                 raise UnsupportedInputError(
@@ -109,9 +118,10 @@ class ParameterGradients:
                     "optimizer again after unfreezing")
         wires, ctxs = [], []
         sparse = set(self._sparse_idx or ())
-        for i, (p, name) in enumerate(zip(self.params, self.names)):
+        for i in range(len(self.params)) if indices is None else indices:
             if i in sparse:
                 continue
+            p, name = self.params[i], self.names[i]
             g = p.grad
             if g is None:
                 g = self._zeros.get(i)
@@ -132,10 +142,10 @@ class ParameterGradients:
             wire, ctx = self.compression.compress(g)
             wires.append(wire)
             ctxs.append(ctx)
-        names = [n for i, n in enumerate(self.names) if i not in sparse]
+        names = [self.names[i] for i in (range(len(self.params)) if indices is None else indices) if i not in sparse]
         if not wires:  # every gradient is sparse: the stream still counts the rounds
             wires, names = [torch.zeros(1, dtype=torch.float32)], ["(rounds)"]
-        return self._staging.to_host(wires, names), ctxs
+        return (staging or self._staging).to_host(wires, names), ctxs
 
     def settle_sparse_layout(self, mode: Mode) -> None:
         """Sync mode, first step: which parameters have sparse gradients (on any rank).

@@ -25,3 +25,10 @@ def test_balanced_modes_benchmark_runs():
     for method in ("sync", "solo", "majority"):
         assert re.search(rf"^{method}\s+\d", res.stdout, re.M), res.tail()
     assert "balanced.solo:" in res.stdout and "balanced.majority:" in res.stdout, res.tail()
+
+
+def test_overlap_backward_benchmark_runs():
+    res = run_mpi(str(ROOT / "benchmarks" / "overlap_backward.py"), 2, "--width", "64", "--layers", "2",
+                  "--bucket-mb", "0.01", "--blocks", "2", "--steps", "3", timeout=120, require_reports=False)
+    for method in ("on", "off", "ddp"):
+        assert re.search(rf"^{method}\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+$", res.stdout, re.M), res.tail()

@@ -126,3 +126,16 @@ def test_collectives_before_init_raise():
     with pytest.raises(hvd.NotInitializedError):
         hvd.broadcast_parameters({"w": torch.ones(2)}, root_rank=0)
 
+
+
+def test_overlap_buckets_reverse_order_bounded_and_capped():
+    from hvd_partial.torch.backward_buckets import MAX_BUCKETS, plan_buckets
+
+    params = [torch.zeros(n) for n in (100, 10, 300, 10, 40)]  # float32: 400, 40, 1200, 40, 160 bytes
+    plan = plan_buckets(params, [0, 1, 2, 3, 4], [4] * 5, 256)
+    # from the last parameter back; 1200 bytes alone; within a bucket the stream's own order
+    assert plan == [[3, 4], [2], [1], [0]]
+    assert plan_buckets(params, [0, 1, 3, 4], [4] * 5, 10_000) == [[0, 1, 3, 4]]  # one bucket: no overlap
+    many = [torch.zeros(1) for _ in range(1000)]
+    capped = plan_buckets(many, list(range(1000)), [4] * 1000, 4)
+    assert len(capped) <= MAX_BUCKETS and sorted(i for b in capped for i in b) == list(range(1000))

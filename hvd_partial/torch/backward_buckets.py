@@ -1,0 +1,210 @@
+"""Sync mode's overlap of reductions with the backward pass (``overlap_backward``).
+
+The parameters with dense gradients are cut, in reverse registration order
+(the order in which a sequential model's backward pass completes them, as
+DDP does), into buckets of at most ``fusion_threshold_bytes`` of wire data.
+Bucket ``k`` travels on a sync stream of its own, ``<stream>.overlap.<k>``,
+except the last bucket, which travels on the optimizer's stream itself with
+the param groups' scalars (``round_hyperparameters.py``) appended, so that
+they are read at ``step()`` as without overlap. Each stream is a sync stream:
+a post starts its reduction at once (``core/rank_stream.py``), on the stream's
+own communicator.
+
+During ``backward()`` the post-accumulate-grad hook reports each parameter
+whose gradient received its last pass of the step (``backward_passes_per_step``
+of them); buckets are posted in their fixed order, each as soon as it and
+every bucket before it are complete, so every rank posts the same streams in
+the same order, and every gradient travels in exactly one round. ``finish``
+(from ``synchronize()``) posts every bucket not yet posted (parameters
+without a gradient as zeros, as without overlap), waits for all of them and
+joins the K rounds of the step into one result in the stream's array order:
+the optimizer applies it as one round, as it would a post of the whole
+gradient (bitwise the same sums on 2 ranks; on more, equal to rounding, since
+the buffers are cut differently).
+
+With a single bucket (a model below ``fusion_threshold_bytes``) nothing is
+posted before ``step()``: the post is the one made without overlap.
+
+Example::
+
+    buckets = BackwardBuckets(grads, "torch.DistributedOptimizer.0", mode, op, bucket_bytes=1 << 20)
+    buckets.ready(param)                             # from the hook, after param's last pass of the step
+    results, ctxs, changed = buckets.finish(hyper)   # in synchronize(): the step's rounds, joined
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+import hvd_partial as _core
+from ..core.round_result import RoundResult
+from ..errors import HvdPartialError
+from ..modes import Mode, ReduceOp
+from .parameter_grads import ParameterGradients, rank_label
+from .tensors import HostStaging
+
+log = logging.getLogger("hvd_partial.torch")
+
+# Each bucket is a stream with its own communicator, and MPI caps communicators
+# (MPICH about 2,000 per process): beyond this many, buckets grow instead.
+MAX_BUCKETS = 64
+
+
+def plan_buckets(params: list[torch.Tensor], dense: list[int], itemsizes: list[int], limit: int) -> list[list[int]]:
+    """Indices of ``dense`` parameters in buckets: in reverse order, each bucket at
+    most ``limit`` bytes (a parameter larger than that alone), at most
+    ``MAX_BUCKETS`` buckets (the limit grows to the total over that many)."""
+    sizes = {i: params[i].numel() * itemsizes[i] for i in dense}
+    total = sum(sizes.values())
+    limit = max(limit, -(-total // MAX_BUCKETS))
+    buckets: list[list[int]] = []
+    filled = 0
+    for i in reversed(dense):
+        if not buckets or (buckets[-1] and filled + sizes[i] > limit):
+            buckets.append([])
+            filled = 0
+        buckets[-1].append(i)
+        filled += sizes[i]
+    while len(buckets) > MAX_BUCKETS:  # greedy cuts of uneven sizes: the last buckets merge
+        last = buckets.pop()
+        buckets[-1].extend(last)
+    # Within a bucket the stream's own order: one bucket is the post made without overlap.
+    return [sorted(b) for b in buckets]
+
+
+class BackwardBuckets:
+    """One sync-mode optimizer's buckets and what each step posted of them.
+
+    ``grads`` is the optimizer's :class:`ParameterGradients` after its sparse
+    layout is settled; ``stream`` the optimizer's stream name."""
+
+    def __init__(self, grads: ParameterGradients, stream: str, mode: Mode, op: ReduceOp, bucket_bytes: int):
+        self.grads = grads
+        self.mode = mode
+        self.op = op
+        sparse = set(grads.sparse_indices)
+        self.dense = [i for i in range(len(grads.params)) if i not in sparse]
+        itemsizes = [grads.compressed_dtype(p.dtype).itemsize for p in grads.params]
+        self.buckets = plan_buckets(grads.params, self.dense, itemsizes, bucket_bytes)
+        last = len(self.buckets) - 1
+        self.streams = [f"{stream}.overlap.{k}" for k in range(last)] + [stream]
+        self.bucket_of = {id(grads.params[i]): k for k, bucket in enumerate(self.buckets) for i in bucket}
+        self._staging = [HostStaging() for _ in self.buckets]  # a bucket's pinned buffers stay its own
+        self._position = {i: n for n, i in enumerate(self.dense)}  # a parameter's place in the stream's arrays
+        self.reset()
+
+    @classmethod
+    def for_optimizer(cls, grads: ParameterGradients, stream: str, mode: Mode,
+                      op: ReduceOp) -> "BackwardBuckets | None":
+        """The buckets of an optimizer at its first step, or None where it posts
+        at ``step()``: solo and majority, ``overlap_backward`` off, ``elastic``
+        training, or no dense gradient."""
+        cfg = _core.config()
+        if (mode.kind != "sync" or not cfg.overlap_backward or cfg.elastic
+                or len(grads.sparse_indices) == len(grads.params)):
+            return None
+        buckets = cls(grads, stream, mode, op, cfg.fusion_threshold_bytes)
+        log.debug("rank %s: %s posts %d buckets during backward: %s", rank_label(), stream, len(buckets.buckets),
+                  buckets.describe())
+        return buckets
+
+    def reset(self) -> None:
+        """A new step: nothing posted, every bucket waiting for all its gradients."""
+        self.missing = [len(b) for b in self.buckets]
+        self.next = 0  # the next bucket to post, in order
+        self.handles: list = [None] * len(self.buckets)
+        self.ctxs: list = [None] * len(self.buckets)
+        self.versions: list = [None] * len(self.buckets)
+
+    @property
+    def posted(self) -> bool:
+        """Some bucket of this step was posted during backward."""
+        return self.next > 0
+
+    def ready(self, param: torch.Tensor) -> None:
+        """``param``'s gradient received its last pass of the step: post the
+        buckets that are now complete, in order (never the last: ``finish``).
+        A post that raises leaves the step as if nothing was posted."""
+        k = self.bucket_of.get(id(param))
+        if k is None:
+            return
+        self.missing[k] -= 1
+        last = len(self.buckets) - 1
+        try:
+            while self.next < last and self.missing[self.next] <= 0:
+                self._post(self.next, None)
+                self.next += 1
+        except BaseException:
+            self.reset()
+            raise
+
+    def finish(self, hyperparameters: np.ndarray) -> tuple[list[RoundResult], list, list[str]]:
+        """Post every bucket not yet posted (the last with ``hyperparameters``),
+        wait for all, and return the step's rounds, each joined over the buckets
+        in the stream's array order, the compression contexts to load them, and
+        the names of the parameters whose gradient changed after its bucket was
+        posted during backward (the rounds hold them as they were then)."""
+        for k in range(self.next, len(self.buckets)):
+            self._post(k, hyperparameters if k == len(self.buckets) - 1 else None)
+        self.next = len(self.buckets)
+        changed = [self.grads.names[i] for k in range(len(self.buckets) - 1)
+                   for i, then, now in zip(self.buckets[k], self.versions[k], self._versions(k)) if then != now]
+        try:
+            # The optimizer's own stream first: where ranks disagree on the buckets (another
+            # overlap_backward or fusion_threshold_bytes), its registration fails on every rank.
+            last = _core.synchronize(self.handles[-1])
+            per_bucket = [_core.synchronize(h) for h in self.handles[:-1]] + [last]
+        finally:
+            ctxs_by_bucket = self.ctxs
+            self.reset()
+        ctxs: list = [None] * len(self.dense)
+        for bucket, bucket_ctxs in zip(self.buckets, ctxs_by_bucket):
+            for i, ctx in zip(bucket, bucket_ctxs):
+                ctxs[self._position[i]] = ctx
+        return self._join(per_bucket), ctxs, changed
+
+    def flush(self) -> list[RoundResult]:
+        """Collective: flush every bucket's stream together; the rounds joined as in ``finish``."""
+        handles = [_core.flush_async(s) for s in self.streams]
+        return self._join([_core.synchronize(h) for h in handles])
+
+    def describe(self) -> list:
+        """(stream, parameter names) of every bucket, in posting order."""
+        return [(s, [self.grads.names[i] for i in b]) for s, b in zip(self.streams, self.buckets)]
+
+    # ===== internals ================================================================
+
+    def _versions(self, k: int) -> list:
+        params = self.grads.params
+        return [(id(g), g._version) if (g := params[i].grad) is not None else None for i in self.buckets[k]]
+
+    def _post(self, k: int, hyperparameters: np.ndarray | None) -> None:
+        arrays, ctxs = self.grads.pack(self.mode, self.buckets[k], self._staging[k])
+        if hyperparameters is not None:
+            arrays.append(hyperparameters)
+        self.versions[k] = self._versions(k)
+        self.ctxs[k] = ctxs
+        self.handles[k] = _core.grouped_partial_allreduce_async(arrays, self.streams[k], mode=self.mode, op=self.op)
+
+    def _join(self, per_bucket: list[list[RoundResult]]) -> list[RoundResult]:
+        """The buckets' rounds, round by round, as the last bucket's results with
+        every bucket's arrays in the stream's order (the scalars last)."""
+        final = per_bucket[-1]
+        for k, results in enumerate(per_bucket):
+            if [r.round for r in results] != [r.round for r in final]:
+                raise HvdPartialError(
+                    f"rank {rank_label()}: overlap streams {self.streams[k]!r} and {self.streams[-1]!r} took rounds "
+                    f"{[r.round for r in results]} and {[r.round for r in final]}; every bucket of a step must "
+                    "take the same rounds")
+        for j, result in enumerate(final):
+            if result.arrays is None or not result.has_data:
+                continue
+            arrays: list = [None] * len(self.dense)
+            for bucket, results in zip(self.buckets, per_bucket):
+                for i, a in zip(bucket, results[j].arrays):
+                    arrays[self._position[i]] = a
+            result.arrays = arrays + [result.arrays[-1]]
+        return final
