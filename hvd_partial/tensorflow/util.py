@@ -6,6 +6,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 
-def _executing_eagerly() -> bool:
+def executing_eagerly() -> bool:
     """True where the current code runs eagerly (not while a graph is built)."""
     return tf.executing_eagerly()
+
+
+_executing_eagerly = executing_eagerly  # Horovod's name
