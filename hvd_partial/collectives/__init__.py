@@ -12,11 +12,13 @@ second call under a name still in flight on a rank raises
 :class:`~hvd_partial.errors.DuplicateNameError` there. A name that some ranks
 never submit is reported after ``stall_warning_seconds`` and fails every rank
 after ``stall_shutdown_seconds`` (if set). All of it runs on one MPI
-communicator, whatever the number of names.
+communicator, whatever the number of names (a process set's data collectives
+on the set's own communicator).
 
 Signatures (``op`` is one of ``Average`` (default), ``Sum``, ``Min``, ``Max``,
 ``Product``; ``Adasum`` raises :class:`~hvd_partial.errors.UnsupportedInputError`;
-``process_set`` accepts only ``global_process_set``)::
+``process_set``: ``global_process_set`` or a set from ``add_process_set``, see
+:mod:`hvd_partial.collectives.process_sets`)::
 
     allreduce(array, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
               process_set=global_process_set) -> ndarray

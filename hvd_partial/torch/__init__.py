@@ -20,7 +20,7 @@ Example::
 """
 
 from .. import (ConfigError, DuplicateNameError, EngineError, HostsUpdatedInterrupt, HvdPartialError, Majority,
-                MismatchError, NotInitializedError, NotSupportedError, RankFailedError, Solo, StreamConflictError,
+                MismatchError, NotInitializedError, NotSupportedError, ProcessSetError, RankFailedError, Solo, StreamConflictError,
                 Sync, UnsupportedInputError, init, is_initialized, local_rank, local_size, rank, shutdown, size, stats)
 from ..collectives.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from . import elastic
@@ -64,5 +64,5 @@ __all__ = [
     # errors
     "HorovodInternalError", "HvdPartialError", "NotInitializedError", "ConfigError", "UnsupportedInputError",
     "StreamConflictError", "DuplicateNameError", "MismatchError", "RankFailedError", "EngineError",
-    "NotSupportedError", "SynchronizationError", "HostsUpdatedInterrupt",
+    "NotSupportedError", "ProcessSetError", "SynchronizationError", "HostsUpdatedInterrupt",
 ]

@@ -108,7 +108,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     - ``gradient_predivide_factor``, ``num_groups``, ``groups``: Horovod's,
       checked; they do not change the result (the average is the same, and
       every gradient already travels in one fused post).
-    - ``process_set``: only ``global_process_set``.
+    - ``process_set``: ``global_process_set``, or a set added with
+      ``add_process_set``: then Horovod's synchronous optimizer among its ranks
+      (:mod:`hvd_partial.torch.set_optimizer`; solo and majority are refused).
     - ``name``: the stream's name; by default the n-th wrapped optimizer of the
       process is ``torch.DistributedOptimizer.n`` (wrap in the same order on
       every rank).
@@ -132,6 +134,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         opt.step()
         print(opt.rounds, [r.contributors for r in opt.last_results])
     """
+
+    def __new__(cls, *args, **kwargs):
+        from .set_optimizer import SetOptimizer, set_arguments  # a process set's optimizer
+
+        arguments = set_arguments(cls.__init__, args, kwargs)
+        return super().__new__(cls) if arguments is None else SetOptimizer(**arguments)
 
     def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
                  backward_passes_per_step: int = 1, op: ReduceOp = _core.Average,
