@@ -402,17 +402,16 @@ class Negotiator:
         helper communicator, or the set's communicator freed)."""
         from .process_sets import ADD
 
-        request = self._mine.pop(key, None)
+        # (taken only once done: a failure in the split, elastic training, leaves it for abandon())
+        request = self._mine.get(key)
         fields = dict(entry.sigs[min(entry.sigs)])
         if fields["action"] == ADD:
             ranks = tuple(fields["ranks"])
             clash = [i for i, (members, _) in self._sets.items() if tuple(members) == ranks]
             if clash or len(ranks) == self.size:
                 what = f"process set {clash[0]}" if clash else "the global process set"
-                error = ProcessSetError(f"rank {self.rank}: add_process_set({list(ranks)}): a duplicate of {what}, "
-                                        "which has the same ranks")
-                if request is not None:
-                    self._finish_error(request, error)
+                self._fail_local(key, ProcessSetError(f"rank {self.rank}: add_process_set({list(ranks)}): a duplicate "
+                                                      f"of {what}, which has the same ranks"))
                 return
             set_id = next(i for i in range(1, len(self._sets) + 2) if i not in self._sets)
             comm = self._channel.split(self.rank in ranks)
@@ -424,7 +423,15 @@ class Negotiator:
                 removed[1].free()
             value = removed is not None
         if request is not None:
+            del self._mine[key]
             self._finish_value(request, value)
+
+    def free_sets(self) -> None:
+        """Free every process set's communicator (after a clean stop: every rank frees them in id order)."""
+        for set_id in sorted(self._sets):
+            channel = self._sets.pop(set_id)[1]
+            if channel is not None:
+                channel.free()
 
     def _complete_collectives(self) -> bool:
         if not self._running:
