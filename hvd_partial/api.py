@@ -71,7 +71,7 @@ def init(comm=None, process_sets=None, **config) -> None:
             return
         joining = _start(comm, config)
     if joining is None:
-        from .collectives.process_sets import init_process_sets
+        from .collectives.set_changes import init_process_sets
 
         init_process_sets(process_sets)
 

@@ -63,7 +63,8 @@ from .functions import (allgather, allgather_async, allgather_object, allgather_
                         broadcast_object, broadcast_object_async, grouped_allreduce, grouped_allreduce_async, join,
                         reducescatter, reducescatter_async)
 from .negotiator import Negotiator
-from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .process_sets import ProcessSet, global_process_set
+from .set_changes import add_process_set, remove_process_set
 
 __all__ = [
     "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async", "allgather", "allgather_async",

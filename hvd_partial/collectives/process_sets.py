@@ -85,6 +85,16 @@ class ProcessSet:
             raise ProcessSetError("the global process set's ranks are every rank; they cannot be set")
         self._ranks = sorted(int(r) for r in value)
 
+    @property
+    def is_global(self) -> bool:
+        """Whether this is ``global_process_set`` (every rank, id 0)."""
+        return self._global
+
+    def adopt(self, set_id: int, engine) -> None:
+        """Record that the set was added under ``set_id`` in ``engine``'s current world."""
+        self.process_set_id = set_id
+        self._engine = (weakref.ref(engine), engine.world.version)
+
     def size(self) -> int | None:
         """The number of ranks in the set (None until it is added)."""
         if self._global:
@@ -131,11 +141,11 @@ class _Registry:
         self.sets: dict[int, ProcessSet] = {}
 
 
-def _registry(current) -> _Registry:
+def registry_of(current) -> _Registry:
     return current.adapter_state("process_sets", _Registry)
 
 
-def _dropped(current, ps: ProcessSet) -> bool:
+def dropped(current, ps: ProcessSet) -> bool:
     """Whether ``ps`` was added in another engine or world than the current one."""
     owner = ps._engine
     engine = current.engine
@@ -165,7 +175,7 @@ def check_added(process_set: ProcessSet, what: str) -> int:
     if process_set.process_set_id is None:
         raise ProcessSetError(f"rank {rank}: {what}: {process_set} was never added or was removed; call "
                               "hvd.add_process_set first")
-    if _dropped(current, process_set):
+    if dropped(current, process_set):
         raise ProcessSetError(
             f"rank {rank}: {what}: {process_set} was dropped: the world changed since it was added (elastic "
             "training) or hvd_partial was initialized again; add it again with hvd.add_process_set")
@@ -177,82 +187,13 @@ def members_size(ranks: list[int] | None) -> int:
     return session.require().transport.size if ranks is None else len(ranks)
 
 
-def add_process_set(process_set) -> ProcessSet:
-    """Register ``process_set`` (a :class:`ProcessSet` or a list of ranks) on
-    every rank and return it with its ``process_set_id``. Collective: every
-    rank calls it, in the same order, with the same ranks.
-
-    Example::
-
-        evens = hvd.add_process_set([0, 2])
-    """
-    from .functions import run_process_set_request  # (functions imports this module)
-
-    if not isinstance(process_set, ProcessSet):
-        process_set = ProcessSet(process_set)
-    current = session.require()
-    size, rank = current.transport.size, current.transport.rank
-    ranks = process_set.ranks
-    what = f"add_process_set({process_set})"
-    if process_set._global:
-        raise ProcessSetError(f"rank {rank}: {what}: the global process set is always there; it cannot be added")
-    if not ranks or len(set(ranks)) != len(ranks) or ranks[0] < 0 or ranks[-1] >= size:
-        raise ProcessSetError(f"rank {rank}: {what}: ranks must be distinct ints in [0, {size}), at least one")
-    if process_set.process_set_id is not None and not _dropped(current, process_set):
-        raise ProcessSetError(f"rank {rank}: {what}: this set is already added")
-    if len(ranks) == size:
-        raise ProcessSetError(f"rank {rank}: {what}: a duplicate of the global process set (every rank); use "
-                              "hvd.global_process_set")
-    registry = _registry(current)
-    set_id = run_process_set_request(ADD, tuple(ranks), what)
-    process_set.process_set_id = set_id
-    process_set._engine = (weakref.ref(current.engine), current.engine.world.version)
-    with registry.lock:
-        registry.sets[set_id] = process_set
-    return process_set
-
-
-def remove_process_set(process_set) -> bool:
-    """Free an added set (collective over every rank, like :func:`add_process_set`)
-    and clear its ``process_set_id``; False for the global set and for a set
-    not registered in this world (nothing to remove).
-
-    Example::
-
-        hvd.remove_process_set(evens)
-    """
-    from .functions import run_process_set_request
-
-    if not isinstance(process_set, ProcessSet) or process_set._global or process_set.process_set_id is None:
-        return False
-    current = session.require()
-    set_id = process_set.process_set_id
-    process_set.process_set_id = None
-    if _dropped(current, process_set):
-        return False
-    registry = _registry(current)
-    with registry.lock:
-        registry.sets.pop(set_id, None)
-    return bool(run_process_set_request(REMOVE, (set_id,), f"remove_process_set({process_set})"))
-
-
-def init_process_sets(process_sets) -> None:
-    """``hvd.init(process_sets=...)``: add each set, in order (``"dynamic"`` or None: none)."""
-    if process_sets is None or isinstance(process_sets, str) and process_sets.lower() == "dynamic":
-        return
-    for ps in process_sets:
-        if isinstance(ps, ProcessSet) and ps._global:
-            continue
-        add_process_set(ps)
-
-
 def registered() -> dict[int, list[int]]:
     """Every set added in this world, by id, the global set (0) included."""
     current = session.require()
-    registry = _registry(current)
+    registry = registry_of(current)
     with registry.lock:
         out = {i: list(ps._ranks) for i, ps in sorted(registry.sets.items())
-               if ps.process_set_id == i and not _dropped(current, ps)}
+               if ps.process_set_id == i and not dropped(current, ps)}
     return {0: list(range(current.transport.size)), **out}
 
 

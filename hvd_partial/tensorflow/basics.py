@@ -21,8 +21,8 @@ import threading
 import tensorflow as tf
 
 import hvd_partial as _core
-from ..collectives.process_sets import (ProcessSet, add_process_set, global_process_set,  # noqa: F401
-                                        remove_process_set)
+from ..collectives.process_sets import ProcessSet, global_process_set  # noqa: F401
+from ..collectives.set_changes import add_process_set, remove_process_set  # noqa: F401
 from ..build_flags import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,  # noqa: F401
                            mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
 from ..errors import ConfigError, NotSupportedError

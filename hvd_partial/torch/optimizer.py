@@ -43,6 +43,7 @@ from ..modes import Mode, ReduceOp
 from .compression import Compression
 from .parameter_grads import ParameterGradients, rank_label
 from .round_hyperparameters import RoundHyperparameters
+from .set_optimizer import new_optimizer
 
 log = logging.getLogger("hvd_partial.torch")
 
@@ -135,11 +136,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         print(opt.rounds, [r.contributors for r in opt.last_results])
     """
 
-    def __new__(cls, *args, **kwargs):
-        from .set_optimizer import SetOptimizer, set_arguments  # a process set's optimizer
-
-        arguments = set_arguments(cls.__init__, args, kwargs)
-        return super().__new__(cls) if arguments is None else SetOptimizer(**arguments)
+    __new__ = new_optimizer  # process_set= a set other than the global one: set_optimizer.SetOptimizer
 
     def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
                  backward_passes_per_step: int = 1, op: ReduceOp = _core.Average,

@@ -28,19 +28,19 @@ from ..collectives.process_sets import ProcessSet, check_added, global_process_s
 from ..errors import ConfigError, NotSupportedError, UnsupportedInputError
 from ..modes import Average, ReduceOp, Sync
 from .compression import Compression
-from .mpi_ops import _grouped_async, sparse_allreduce_async, synchronize
+from .mpi_ops import grouped_allreduce_async, sparse_allreduce_async, synchronize
 
 
-def set_arguments(init, args: tuple, kwargs: dict) -> dict | None:
-    """The arguments of ``DistributedOptimizer(*args, **kwargs)`` by name when its
-    ``process_set`` is a set other than the global one, else None."""
-    bound = inspect.signature(init).bind(None, *args, **kwargs)
+def new_optimizer(cls, *args, **kwargs):
+    """``DistributedOptimizer.__new__``: a :class:`SetOptimizer` where ``process_set``
+    is a set other than the global one, else a new ``cls``."""
+    bound = inspect.signature(cls.__init__).bind(None, *args, **kwargs)
     process_set = bound.arguments.get("process_set", global_process_set)
     if not isinstance(process_set, ProcessSet) or process_set.process_set_id == 0:
-        return None
+        return torch.optim.Optimizer.__new__(cls)
     arguments = dict(bound.arguments)
     arguments.pop(next(iter(arguments)))  # self
-    return arguments
+    return SetOptimizer(**arguments)
 
 
 class SetOptimizer(torch.optim.Optimizer):
@@ -114,11 +114,12 @@ class SetOptimizer(torch.optim.Optimizer):
         pre, post = (1.0 / self._predivide, self._predivide) if average else (1.0, 1.0)
         handles = [sparse_allreduce_async(p.grad, None, self._op, self.process_set) for p in sparse]
         if dense:
-            reduced = synchronize(_grouped_async([p.grad for p in dense], None, None, None, self._op,
-                                                 self._compression, pre, post, self.process_set))
+            wires = [self._compression.compress(p.grad) for p in dense]
+            reduced = synchronize(grouped_allreduce_async([w for w, _ in wires], op=self._op, prescale_factor=pre,
+                                                          postscale_factor=post, process_set=self.process_set))
             with torch.no_grad():
-                for p, r in zip(dense, reduced):
-                    p.grad.copy_(r)
+                for p, r, (_, ctx) in zip(dense, reduced, wires):
+                    p.grad.copy_(self._compression.decompress(r, ctx))
         for p, handle in zip(sparse, handles):
             p.grad = synchronize(handle)
 
