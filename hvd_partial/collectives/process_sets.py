@@ -34,7 +34,6 @@ Example::
 
 from __future__ import annotations
 
-import threading
 import weakref
 
 from .. import session
@@ -133,18 +132,6 @@ def _make_global() -> ProcessSet:
 global_process_set = _make_global()
 
 
-class _Registry:
-    """Per session: the sets added, by id (the engine holds their communicators)."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.sets: dict[int, ProcessSet] = {}
-
-
-def registry_of(current) -> _Registry:
-    return current.adapter_state("process_sets", _Registry)
-
-
 def dropped(current, ps: ProcessSet) -> bool:
     """Whether ``ps`` was added in another engine or world than the current one."""
     owner = ps._engine
@@ -185,16 +172,6 @@ def check_added(process_set: ProcessSet, what: str) -> int:
 def members_size(ranks: list[int] | None) -> int:
     """The number of ranks a collective on a set of ``ranks`` (None: global) runs among."""
     return session.require().transport.size if ranks is None else len(ranks)
-
-
-def registered() -> dict[int, list[int]]:
-    """Every set added in this world, by id, the global set (0) included."""
-    current = session.require()
-    registry = registry_of(current)
-    with registry.lock:
-        out = {i: list(ps._ranks) for i, ps in sorted(registry.sets.items())
-               if ps.process_set_id == i and not dropped(current, ps)}
-    return {0: list(range(current.transport.size)), **out}
 
 
 def check_process_set(process_set, what: str) -> None:

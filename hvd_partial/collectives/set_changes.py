@@ -11,7 +11,7 @@ from __future__ import annotations
 from .. import session
 from ..errors import ProcessSetError
 from .functions import run_process_set_request
-from .process_sets import ADD, REMOVE, ProcessSet, dropped, registry_of
+from .process_sets import ADD, REMOVE, ProcessSet, dropped
 
 
 def add_process_set(process_set) -> ProcessSet:
@@ -38,11 +38,8 @@ def add_process_set(process_set) -> ProcessSet:
     if len(ranks) == size:
         raise ProcessSetError(f"rank {rank}: {what}: a duplicate of the global process set (every rank); use "
                               "hvd.global_process_set")
-    registry = registry_of(current)
     set_id = run_process_set_request(ADD, tuple(ranks), what)
     process_set.adopt(set_id, current.engine)
-    with registry.lock:
-        registry.sets[set_id] = process_set
     return process_set
 
 
@@ -62,9 +59,6 @@ def remove_process_set(process_set) -> bool:
     process_set.process_set_id = None
     if dropped(current, process_set):
         return False
-    registry = registry_of(current)
-    with registry.lock:
-        registry.sets.pop(set_id, None)
     return bool(run_process_set_request(REMOVE, (set_id,), f"remove_process_set({process_set})"))
 
 

@@ -66,3 +66,10 @@ def test_misuse_raises_process_set_errors_without_hanging():
         assert rep["comm"][0] == "NotSupportedError"
         assert rep["mismatch"][0] == "MismatchError" and "disagree on ranks" in rep["mismatch"][1]
         assert rep["after"] == [3]
+
+
+def test_init_adds_the_listed_sets_in_order():
+    result = run_mpi("process_sets_cases.py", 3, "init_sets", timeout=120)
+    for r, rep in result.results.items():
+        assert rep["ids"] == [1, 2] and rep["global"] == [0, 1, 2]
+        assert rep["sums"] == [[1] if r in (0, 1) else None, [3] if r in (1, 2) else None]

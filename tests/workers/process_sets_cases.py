@@ -120,10 +120,21 @@ def torch_case() -> dict:
     return out
 
 
-CASES = {"numpy": numpy_case, "misuse": misuse, "torch": torch_case}
+def init_sets() -> dict:
+    """hvd.init(process_sets=[...]) adds the listed sets, in order."""
+    sets = [hvd.ProcessSet([0, 1]), hvd.ProcessSet([1, 2])]
+    hvd.init(process_sets=sets)
+    out = {"ids": [s.process_set_id for s in sets], "global": hvd.global_process_set.ranks}
+    out["sums"] = [hvd.allreduce(np.array([hvd.rank()]), op=hvd.Sum, process_set=s).tolist() if s.included() else None
+                   for s in sets]
+    return out
+
+
+CASES = {"numpy": numpy_case, "misuse": misuse, "torch": torch_case, "init_sets": init_sets}
 
 
 if __name__ == "__main__":
-    hvd.init()
+    if sys.argv[1] != "init_sets":
+        hvd.init()
     report(CASES[sys.argv[1]]())
     hvd.shutdown()
