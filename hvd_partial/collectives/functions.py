@@ -17,10 +17,10 @@ import numpy as np
 
 from .. import session
 from ..engine.handle import Handle
-from ..errors import DuplicateNameError, UnsupportedInputError
+from ..errors import DuplicateNameError, ProcessSetError, UnsupportedInputError
 from ..modes import ReduceOp
 from . import requests as kinds
-from .process_sets import check_process_set, global_process_set
+from .process_sets import global_process_set, members_size, resolve
 from .reduce_ops import check_op, check_reducible, finish_reduction, scale, wire_dtype, wire_op
 from .requests import Request
 
@@ -35,38 +35,50 @@ class _Names:
         self.counters: dict[str, int] = {}
         self.in_flight: set[str] = set()
 
-    def claim(self, kind: str, name: str | None, rank: int) -> str:
+    def claim(self, kind: str, name: str | None, rank: int, set_id: int = 0) -> str:
+        """A name for the call (numbered per kind and process set where None), marked in flight."""
         with self.lock:
             if name is None:
-                number = self.counters.get(kind, 0)
-                self.counters[kind] = number + 1
+                key = kind if set_id == 0 else f"{kind}@{set_id}"
+                number = self.counters.get(key, 0)
+                self.counters[key] = number + 1
                 name = f"{kind}.noname.{number}"
             elif not isinstance(name, str) or not name:
                 raise TypeError(f"{kind}: name must be a non-empty str or None, got {name!r}")
-            if name in self.in_flight:
+            if (set_id, name) in self.in_flight:
+                where = "" if set_id == 0 else f" on process set {set_id}"
                 raise DuplicateNameError(
-                    f"rank {rank}: {kind} {name!r}: a collective under this name is already in flight on this "
-                    "rank; synchronize it first or use another name")
-            self.in_flight.add(name)
+                    f"rank {rank}: {kind} {name!r}: a collective under this name is already in flight{where} on "
+                    "this rank; synchronize it first or use another name")
+            self.in_flight.add((set_id, name))
             return name
 
-    def releaser(self, name: str):
+    def restart_set(self, set_id: int) -> None:
+        """A set was just added under ``set_id`` (on every rank): its unnamed calls number from 0."""
+        with self.lock:
+            for key in [k for k in self.counters if k.endswith(f"@{set_id}")]:
+                del self.counters[key]
+
+    def releaser(self, name: str, set_id: int = 0):
         def release():
             with self.lock:
-                self.in_flight.discard(name)
+                self.in_flight.discard((set_id, name))
 
         return release
 
 
-def _submit(kind: str, name, signature: tuple, info, arrays, finish=None, counter: str | None = None) -> Handle:
-    """``counter`` names the sequence an unnamed call is numbered in (default: ``kind``)."""
+def _submit(kind: str, name, signature: tuple, info, arrays, finish=None, counter: str | None = None,
+            set_id: int = 0) -> Handle:
+    """``counter`` names the sequence an unnamed call is numbered in (default: ``kind``);
+    ``set_id``: the process set it runs on (0: every rank)."""
     current = session.require()
     engine = current.engine
     names = current.adapter_state("collectives", _Names)
-    name = names.claim(counter or kind, name, engine.rank)
+    name = names.claim(counter or kind, name, engine.rank, set_id)
     handle = Handle(f"{kind}({name})")
-    request = Request(name, kind, (("collective", kind),) + signature, info, arrays, handle, finish=finish,
-                      release=names.releaser(name), submitted_at=time.monotonic())
+    request = Request(name, kind, (("collective", kind),) + signature + (("process_set", set_id),), info, arrays,
+                      handle, finish=finish, release=names.releaser(name, set_id), submitted_at=time.monotonic(),
+                      process_set=set_id)
     try:
         engine.submit_helper(request)
     except BaseException:
@@ -99,14 +111,15 @@ def _reduction_input(array, op, prescale, what) -> np.ndarray:
     return scale(send, prescale) if prescale != 1.0 else send
 
 
-def _one_reduction(array, op, prescale_factor, postscale_factor, what):
+def _one_reduction(array, op, prescale_factor, postscale_factor, what, size: int):
     """What allreduce and reducescatter send for ``array``: the wire buffer,
-    the signature all ranks must agree on, and the function that makes the result."""
+    the signature all ranks must agree on, and the function that makes the result
+    (``size``: the number of ranks it runs among)."""
     pre, post = _factor(prescale_factor, "prescale_factor"), _factor(postscale_factor, "postscale_factor")
     send = _reduction_input(array, op, pre, what)
-    size, dtype = session.require().transport.size, array.dtype
+    dtype = array.dtype
     signature = (("dtype", dtype.str), ("shape", tuple(array.shape)), ("op", op.value), ("wire_op", wire_op(op)),
-                 ("prescale_factor", pre), ("postscale_factor", post), ("process_set", 0))
+                 ("prescale_factor", pre), ("postscale_factor", post))
     return send, signature, lambda recv: finish_reduction(recv, op, size, post, dtype)
 
 
@@ -124,9 +137,9 @@ def allreduce_async(array, name: str | None = None, op: ReduceOp = Average, pres
     what = f"allreduce({name or ''})"
     array = _array(array, what)
     op = check_op(op, what)
-    check_process_set(process_set, what)
-    send, signature, finish = _one_reduction(array, op, prescale_factor, postscale_factor, what)
-    return _submit(kinds.ALLREDUCE, name, signature, None, [send], finish=finish)
+    set_id, ranks = resolve(process_set, what)
+    send, signature, finish = _one_reduction(array, op, prescale_factor, postscale_factor, what, members_size(ranks))
+    return _submit(kinds.ALLREDUCE, name, signature, None, [send], finish=finish, set_id=set_id)
 
 
 def allreduce(array, name: str | None = None, op: ReduceOp = Average, prescale_factor: float = 1.0,
@@ -155,14 +168,15 @@ def grouped_allreduce_async(arrays, name: str | None = None, op: ReduceOp = Aver
     if not arrays:
         raise UnsupportedInputError(f"{what} needs at least one array")
     op = check_op(op, what)
-    check_process_set(process_set, what)
+    set_id, ranks = resolve(process_set, what)
     pre, post = _factor(prescale_factor, "prescale_factor"), _factor(postscale_factor, "postscale_factor")
     sends = [_reduction_input(a, op, pre, f"{what}[{i}]") for i, a in enumerate(arrays)]
-    size, dtypes = session.require().transport.size, [a.dtype for a in arrays]
+    size, dtypes = members_size(ranks), [a.dtype for a in arrays]
     signature = (("arrays", tuple((tuple(a.shape), a.dtype.str) for a in arrays)), ("op", op.value),
-                 ("wire_op", wire_op(op)), ("prescale_factor", pre), ("postscale_factor", post), ("process_set", 0))
+                 ("wire_op", wire_op(op)), ("prescale_factor", pre), ("postscale_factor", post))
     return _submit(kinds.GROUPED_ALLREDUCE, name, signature, None, sends,
-                   finish=lambda recvs: [finish_reduction(r, op, size, post, d) for r, d in zip(recvs, dtypes)])
+                   finish=lambda recvs: [finish_reduction(r, op, size, post, d) for r, d in zip(recvs, dtypes)],
+                   set_id=set_id)
 
 
 def grouped_allreduce(arrays, name: str | None = None, op: ReduceOp = Average, prescale_factor: float = 1.0,
@@ -188,12 +202,12 @@ def allgather_async(array, name: str | None = None, process_set=global_process_s
     """
     what = f"allgather({name or ''})"
     array = np.ascontiguousarray(_array(array, what))
-    check_process_set(process_set, what)
+    set_id, _ = resolve(process_set, what)
     if array.ndim == 0:
         raise UnsupportedInputError(f"{what}: needs an array of at least one dimension, got a scalar")
-    signature = (("dtype", array.dtype.str), ("row_shape", tuple(array.shape[1:])), ("process_set", 0))
+    signature = (("dtype", array.dtype.str), ("row_shape", tuple(array.shape[1:])))
     return _submit(kinds.ALLGATHER, name, signature, int(array.shape[0]), [array.copy()],
-                   finish=lambda result: result[0])
+                   finish=lambda result: result[0], set_id=set_id)
 
 
 def allgather(array, name: str | None = None, process_set=global_process_set) -> np.ndarray:
@@ -215,12 +229,11 @@ def broadcast_async(array, root_rank: int, name: str | None = None, process_set=
     """
     what = f"broadcast({name or ''})"
     array = _array(array, what)
-    check_process_set(process_set, what)
-    _check_root(root_rank, what)
-    signature = (("dtype", array.dtype.str), ("shape", tuple(array.shape)), ("root", int(root_rank)),
-                 ("process_set", 0))
+    set_id, ranks = resolve(process_set, what)
+    _check_root(root_rank, what, ranks)
+    signature = (("dtype", array.dtype.str), ("shape", tuple(array.shape)), ("root", int(root_rank)))
     arrays = [np.array(array, copy=True, order="C")] if session.require().transport.rank == root_rank else []
-    return _submit(kinds.BROADCAST, name, signature, None, arrays)
+    return _submit(kinds.BROADCAST, name, signature, None, arrays, set_id=set_id)
 
 
 def broadcast(array, root_rank: int, name: str | None = None, process_set=global_process_set) -> np.ndarray:
@@ -233,10 +246,14 @@ def broadcast(array, root_rank: int, name: str | None = None, process_set=global
     return session.wait(broadcast_async(array, root_rank, name, process_set))
 
 
-def _check_root(root_rank, what: str) -> None:
+def _check_root(root_rank, what: str, ranks: list[int] | None) -> None:
+    """``root_rank`` is a global rank; on a process set (``ranks``), one of its members."""
     size = session.require().transport.size
     if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < size:
         raise ValueError(f"{what}: root_rank must be an int in [0, {size}), got {root_rank!r}")
+    if ranks is not None and root_rank not in ranks:
+        raise ProcessSetError(f"rank {session.require().transport.rank}: {what}: root_rank {root_rank} is not in "
+                              f"the process set (ranks {ranks}); root_rank is a global rank of one of its members")
 
 
 def alltoall_async(array, splits=None, name: str | None = None, process_set=global_process_set) -> Handle:
@@ -252,8 +269,8 @@ def alltoall_async(array, splits=None, name: str | None = None, process_set=glob
     """
     what = f"alltoall({name or ''})"
     array = np.ascontiguousarray(_array(array, what))
-    check_process_set(process_set, what)
-    size = session.require().transport.size
+    set_id, ranks = resolve(process_set, what)
+    size = members_size(ranks)
     if array.ndim == 0:
         raise UnsupportedInputError(f"{what}: needs an array of at least one dimension, got a scalar")
     if splits is None:
@@ -265,8 +282,8 @@ def alltoall_async(array, splits=None, name: str | None = None, process_set=glob
     if len(splits) != size or any(s < 0 for s in splits) or sum(splits) != array.shape[0]:
         raise ValueError(f"{what}: splits must be {size} non-negative ints that sum to the first dimension "
                          f"({array.shape[0]}), got {splits}")
-    signature = (("dtype", array.dtype.str), ("row_shape", tuple(array.shape[1:])), ("process_set", 0))
-    return _submit(kinds.ALLTOALL, name, signature, splits, [array.copy()])
+    signature = (("dtype", array.dtype.str), ("row_shape", tuple(array.shape[1:])))
+    return _submit(kinds.ALLTOALL, name, signature, splits, [array.copy()], set_id=set_id)
 
 
 def alltoall(array, splits=None, name: str | None = None, process_set=global_process_set):
@@ -294,11 +311,11 @@ def reducescatter_async(array, name: str | None = None, op: ReduceOp = Average, 
     op = check_op(op, what)
     if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
         raise UnsupportedInputError(f"{what}: reducescatter supports only op=Average and op=Sum, got {op!r}")
-    check_process_set(process_set, what)
+    set_id, ranks = resolve(process_set, what)
     if array.ndim == 0:
         raise UnsupportedInputError(f"{what}: needs an array of at least one dimension, got a scalar")
-    send, signature, finish = _one_reduction(array, op, prescale_factor, postscale_factor, what)
-    return _submit(kinds.REDUCESCATTER, name, signature, None, [send], finish=finish)
+    send, signature, finish = _one_reduction(array, op, prescale_factor, postscale_factor, what, members_size(ranks))
+    return _submit(kinds.REDUCESCATTER, name, signature, None, [send], finish=finish, set_id=set_id)
 
 
 def reducescatter(array, name: str | None = None, op: ReduceOp = Average, process_set=global_process_set,
@@ -323,17 +340,17 @@ def broadcast_object_async(obj, root_rank: int = 0, name: str | None = None,
         config = hvd.synchronize(hvd.broadcast_object_async(config))
     """
     what = f"broadcast_object({name or ''})"
-    check_process_set(process_set, what)
-    _check_root(root_rank, what)
+    set_id, ranks = resolve(process_set, what)
+    _check_root(root_rank, what, ranks)
     root = session.require().transport.rank == root_rank
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy() if root else None
-    signature = (("dtype", "|u1"), ("object", True), ("root", int(root_rank)), ("process_set", 0))
+    signature = (("dtype", "|u1"), ("object", True), ("root", int(root_rank)))
 
     def finish(buffer):
         return obj if root else pickle.loads(buffer.tobytes())
 
     return _submit(kinds.BROADCAST, name, signature, payload.size if root else None,
-                   [payload] if root else [], finish=finish, counter="broadcast_object")
+                   [payload] if root else [], finish=finish, counter="broadcast_object", set_id=set_id)
 
 
 def broadcast_object(obj, root_rank: int = 0, name: str | None = None, process_set=global_process_set):
@@ -354,9 +371,9 @@ def allgather_object_async(obj, name: str | None = None, process_set=global_proc
         hosts = hvd.synchronize(hvd.allgather_object_async(socket.gethostname()))
     """
     what = f"allgather_object({name or ''})"
-    check_process_set(process_set, what)
+    set_id, _ = resolve(process_set, what)
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8).copy()
-    signature = (("dtype", "|u1"), ("row_shape", ()), ("object", True), ("process_set", 0))
+    signature = (("dtype", "|u1"), ("row_shape", ()), ("object", True))
 
     def finish(result):
         gathered, rows = result
@@ -367,7 +384,7 @@ def allgather_object_async(obj, name: str | None = None, process_set=global_proc
         return out
 
     return _submit(kinds.ALLGATHER, name, signature, int(payload.size), [payload], finish=finish,
-                   counter="allgather_object")
+                   counter="allgather_object", set_id=set_id)
 
 
 def allgather_object(obj, name: str | None = None, process_set=global_process_set) -> list:
@@ -381,9 +398,9 @@ def allgather_object(obj, name: str | None = None, process_set=global_process_se
 
 
 def barrier_async(process_set=global_process_set) -> Handle:
-    """Start a barrier; its handle completes once every rank has entered it."""
-    check_process_set(process_set, "barrier")
-    return _submit(kinds.BARRIER, None, (("process_set", 0),), None, [])
+    """Start a barrier; its handle completes once every rank of ``process_set`` has entered it."""
+    set_id, _ = resolve(process_set, "barrier")
+    return _submit(kinds.BARRIER, None, (), None, [], set_id=set_id)
 
 
 def barrier(process_set=global_process_set) -> None:
@@ -394,6 +411,22 @@ def barrier(process_set=global_process_set) -> None:
         hvd.barrier()
     """
     session.wait(barrier_async(process_set))
+
+
+def run_process_set_request(action: str, args: tuple, what: str):
+    """Add or remove a process set on every rank (collective: the negotiation
+    orders it among the helper collectives; the engine makes or frees the set's
+    communicator). Returns the new set's id, or whether a set was removed."""
+    from .process_sets import ADD
+
+    current = session.require()
+    names = current.adapter_state("collectives", _Names)
+    field = "ranks" if action == ADD else "process_set_id"
+    result = session.wait(_submit(kinds.PROCESS_SET, None, (("action", action), (field, args)), None, [],
+                                  counter=f"process_set.{action}"))
+    if action == ADD:
+        names.restart_set(result)
+    return result
 
 
 def name_counters() -> dict[str, int]:

@@ -45,7 +45,7 @@ import numpy as np
 
 from .. import faults
 from ..errors import (EngineError, HvdPartialError, MismatchError, NotSupportedError, PartialResultError,
-                      RankFailedError)
+                      ProcessSetError, RankFailedError)
 from ..transport.protocol import Transport
 from . import requests as kinds
 from .requests import Request, differences
@@ -70,11 +70,12 @@ _KEPT_EXECUTIONS = 64
 
 
 class _Entry:
-    __slots__ = ("name", "kind", "sigs", "infos", "first_seen", "warned")
+    __slots__ = ("name", "kind", "set_id", "sigs", "infos", "first_seen", "warned")
 
-    def __init__(self, name: str, kind: str):
+    def __init__(self, name: str, kind: str, set_id: int = 0):
         self.name = name
         self.kind = kind
+        self.set_id = set_id
         self.sigs: dict[int, tuple] = {}
         self.infos: dict[int, object] = {}
         self.first_seen = time.monotonic()
@@ -96,8 +97,10 @@ class Negotiator:
         self.size = transport.size
         self._channel = None
         self._new: deque[Request] = deque()  # submitted here, not yet announced
-        self._mine: dict[str, Request] = {}  # announced by this rank, not finished
-        self._view: dict[str, _Entry] = {}  # identical on every rank after each cycle
+        self._mine: dict[tuple, Request] = {}  # announced by this rank, not finished, by (process set, name)
+        self._view: dict[tuple, _Entry] = {}  # identical on every rank after each cycle, by (process set, name)
+        # Process sets added (identical on every rank): id -> (ranks, this rank's channel on the set or None)
+        self._sets: dict[int, tuple] = {}
         self._joined: dict[int, int] = {}  # rank -> cycle in which it joined
         self._left: set[int] = set()
         self._cycle = 0  # cycles completed
@@ -133,6 +136,12 @@ class Negotiator:
             self._finish_error(request, EngineError(f"rank {self.rank}: {request.kind} {request.name!r} "
                                                     "submitted while shutting down"))
             return
+        if request.process_set and self.rank not in self._sets.get(request.process_set, ((),))[0]:
+            self._finish_error(request, ProcessSetError(
+                f"rank {self.rank}: {request.kind} {request.name!r}: process set {request.process_set} is not "
+                "registered on this rank's engine, or this rank is not in it (removed, or dropped when the world "
+                "changed?)"))
+            return
         self._new.append(request)
 
     def abandon(self, error: HvdPartialError) -> None:
@@ -144,6 +153,10 @@ class Negotiator:
         self._mine.clear()
         self._running = []
         self._steps = None
+        for _, channel in self._sets.values():  # their communicators hold ranks of the old world
+            if channel is not None:
+                channel.abandon()
+        self._sets.clear()
 
     @property
     def busy(self) -> bool:
@@ -216,7 +229,7 @@ class Negotiator:
         announcements = []
         while self._new:
             request = self._new.popleft()
-            self._mine[request.name] = request
+            self._mine[(request.process_set, request.name)] = request
             announcements.append(request.announcement())
         leaving = self._leaving and not self._announced_leaving
         self._announced_leaving |= leaving
@@ -275,10 +288,10 @@ class Negotiator:
             if table is None:
                 continue
             announcements, leaving = table
-            for name, kind, signature, info in announcements:
-                entry = self._view.get(name)
+            for set_id, name, kind, signature, info in announcements:
+                entry = self._view.get((set_id, name))
                 if entry is None:
-                    entry = self._view[name] = _Entry(name, kind)
+                    entry = self._view[(set_id, name)] = _Entry(name, kind, set_id)
                 entry.sigs[rank] = signature
                 entry.infos[rank] = info
                 if kind == kinds.JOIN:
@@ -296,40 +309,65 @@ class Negotiator:
         pace = _PACE_SECONDS if self._quiet < _QUIET_BEFORE_SLOW else _SLOW_PACE_SECONDS
         self._next_cycle_at = time.monotonic() + (0.0 if executed or news else pace)
 
+    def _members(self, entry: _Entry):
+        """The ranks ``entry`` runs among (every rank for the global set and set changes)."""
+        if entry.set_id == 0:
+            return range(self.size)
+        members = self._sets.get(entry.set_id)
+        return members[0] if members is not None else ()
+
+    def _in_play(self, entry: _Entry) -> list[int]:
+        """The ranks that must submit ``entry``: its members that have not joined
+        (a process set change needs every rank: each makes the set's communicator)."""
+        if entry.kind == kinds.PROCESS_SET:
+            return list(range(self.size))
+        return [r for r in self._members(entry) if r not in self._joined]
+
     def _act(self) -> bool:
         acted = False
-        in_play = [r for r in range(self.size) if r not in self._joined]
-        for name, entry in list(self._view.items()):
+        for key, entry in list(self._view.items()):
             if entry.kind == kinds.JOIN:
                 continue
-            missing = [r for r in in_play if r not in entry.sigs]
+            name = entry.name
+            if entry.set_id and entry.set_id not in self._sets:  # the set was removed under it
+                del self._view[key]
+                acted = True
+                self._fail_local(key, ProcessSetError(
+                    f"rank {self.rank}: {entry.kind} {name!r}: process set {entry.set_id} was removed before "
+                    f"ranks {[r for r in range(self.size) if r not in entry.sigs]} submitted it"))
+                continue
+            missing = [r for r in self._in_play(entry) if r not in entry.sigs]
             if missing:
                 gone = [r for r in missing if r in self._left]
                 if gone:
-                    del self._view[name]
+                    del self._view[key]
                     acted = True
-                    self._fail_local(name, RankFailedError(gone[0], f"it shut down without submitting "
-                                                                    f"{entry.kind} {name!r}"))
+                    self._fail_local(key, RankFailedError(gone[0], f"it shut down without submitting "
+                                                                   f"{entry.kind} {name!r}"))
                 continue
-            del self._view[name]
+            del self._view[key]
             acted = True
             problem = differences(name, entry.kind, entry.sigs)
             if problem is not None:
-                self._fail_local(name, MismatchError(problem))
+                self._fail_local(key, MismatchError(problem))
                 continue
-            if self._joined and entry.kind in _NOT_WITH_JOIN:
-                self._fail_local(name, NotSupportedError(
-                    f"{entry.kind} {name!r}: ranks {sorted(self._joined)} have joined; as in Horovod, only "
+            joined = sorted(r for r in self._joined if r in self._members(entry))
+            if joined and entry.kind in _NOT_WITH_JOIN:
+                self._fail_local(key, NotSupportedError(
+                    f"{entry.kind} {name!r}: ranks {joined} have joined; as in Horovod, only "
                     "allreduce, grouped allreduce and barrier run while some ranks have joined"))
                 continue
-            self._execute(entry)
+            if entry.kind == kinds.PROCESS_SET:
+                self._change_sets(key, entry)
+                continue
+            self._execute(key, entry)
         if self._joined and len(set(self._joined) | self._left) == self.size:
             last_cycle = max(self._joined.values())
             last = max(r for r, c in self._joined.items() if c == last_cycle)
-            for name, entry in list(self._view.items()):
+            for key, entry in list(self._view.items()):
                 if entry.kind == kinds.JOIN:
-                    del self._view[name]
-                    request = self._mine.pop(name, None)
+                    del self._view[key]
+                    request = self._mine.pop(key, None)
                     if request is not None:
                         self._finish_value(request, last)
             self._joined.clear()
@@ -338,12 +376,19 @@ class Negotiator:
 
     # ===== data ======================================================================================
 
-    def _execute(self, entry: _Entry) -> None:
+    def _execute(self, key: tuple, entry: _Entry) -> None:
         from .execute import start  # the collectives proper
 
-        request = self._mine.pop(entry.name, None)
+        request = self._mine.pop(key, None)
+        channel, rank, size = self._channel, self.rank, self.size
+        if entry.set_id:
+            members, channel = self._sets[entry.set_id]
+            if channel is None:  # not a member: the number is taken all the same (elastic recovery matches them)
+                self.executed += 1
+                return
+            entry, rank, size = _on_set(entry, members), members.index(self.rank), len(members)
         try:
-            requests, complete = start(self._channel, entry, request, self.rank, self.size)
+            requests, complete = start(channel, entry, request, rank, size)
         except HvdPartialError as err:
             if request is not None:
                 self._finish_error(request, err)
@@ -351,6 +396,42 @@ class Negotiator:
         self._running.append((self.executed, requests, complete, request))
         self.executed += 1
         faults.point("helper_started")
+
+    def _change_sets(self, key: tuple, entry: _Entry) -> None:
+        """Add or remove a process set, at the same point on every rank (a split of the
+        helper communicator, or the set's communicator freed)."""
+        from .process_sets import ADD
+
+        # (taken only once done: a failure in the split, elastic training, leaves it for abandon())
+        request = self._mine.get(key)
+        fields = dict(entry.sigs[min(entry.sigs)])
+        if fields["action"] == ADD:
+            ranks = tuple(fields["ranks"])
+            clash = [i for i, (members, _) in self._sets.items() if tuple(members) == ranks]
+            if clash or len(ranks) == self.size:
+                what = f"process set {clash[0]}" if clash else "the global process set"
+                self._fail_local(key, ProcessSetError(f"rank {self.rank}: add_process_set({list(ranks)}): a duplicate "
+                                                      f"of {what}, which has the same ranks"))
+                return
+            set_id = next(i for i in range(1, len(self._sets) + 2) if i not in self._sets)
+            comm = self._channel.split(self.rank in ranks)
+            self._sets[set_id] = (list(ranks), None if comm is None else self._channel.on(comm))
+            value = set_id
+        else:
+            removed = self._sets.pop(fields["process_set_id"][0], None)
+            if removed is not None and removed[1] is not None:
+                removed[1].free()
+            value = removed is not None
+        if request is not None:
+            del self._mine[key]
+            self._finish_value(request, value)
+
+    def free_sets(self) -> None:
+        """Free every process set's communicator (after a clean stop: every rank frees them in id order)."""
+        for set_id in sorted(self._sets):
+            channel = self._sets.pop(set_id)[1]
+            if channel is not None:
+                channel.free()
 
     def _complete_collectives(self) -> bool:
         if not self._running:
@@ -429,8 +510,8 @@ class Negotiator:
 
     # ===== outcomes ==================================================================================
 
-    def _fail_local(self, name: str, error: HvdPartialError) -> None:
-        request = self._mine.pop(name, None)
+    def _fail_local(self, key: tuple, error: HvdPartialError) -> None:
+        request = self._mine.pop(key, None)
         if request is not None:
             self._finish_error(request, error)
 
@@ -453,11 +534,10 @@ class Negotiator:
         stop_after = self._config.stall_shutdown_seconds
         if warn_after <= 0 and stop_after <= 0:
             return
-        in_play = [r for r in range(self.size) if r not in self._joined]
         for entry in self._view.values():
             if entry.kind == kinds.JOIN:
                 continue
-            missing = [r for r in in_play if r not in entry.sigs]
+            missing = [r for r in self._in_play(entry) if r not in entry.sigs]
             if not missing:
                 continue
             age = now - entry.first_seen
@@ -475,3 +555,15 @@ class Negotiator:
                 self._fail(StalledRankError(missing[0], f"{entry.kind} {entry.name!r} waited {age:.0f} s for "
                                                         f"ranks {missing} (stall_shutdown_seconds={stop_after:g})"))
                 return
+
+
+def _on_set(entry: _Entry, members: list[int]) -> _Entry:
+    """``entry`` numbered by rank in the set (``members``, global ranks in order):
+    what the collective on the set's communicator reads (a broadcast's root too)."""
+    index = {r: i for i, r in enumerate(members)}
+    local = _Entry(entry.name, entry.kind, entry.set_id)
+    for r, signature in entry.sigs.items():
+        local.sigs[index[r]] = tuple((k, index.get(v, v) if k == "root" else v) for k, v in signature)
+    for r, info in entry.infos.items():
+        local.infos[index[r]] = info
+    return local

@@ -21,6 +21,8 @@ ALLTOALL = "alltoall"
 REDUCESCATTER = "reducescatter"
 BARRIER = "barrier"
 JOIN = "join"
+# Adding or removing a process set (on every rank, in negotiation order).
+PROCESS_SET = "process_set"
 # Not a collective: ``finish(None)`` runs on the engine thread at submission
 # (how compute threads change what only the engine thread touches).
 LOCAL = "local"
@@ -33,7 +35,8 @@ class Request:
     ``signature`` is a tuple of ``(field, value)`` pairs; ``finish`` turns the
     raw result the negotiator computed into the handle's value (on the engine
     thread); ``release`` is called once the request is over, whatever the
-    outcome (it frees the name for reuse).
+    outcome (it frees the name for reuse). ``process_set``: the id of the
+    process set it runs on (0: every rank); names are matched per set.
     """
 
     name: str
@@ -46,10 +49,11 @@ class Request:
     release: Callable[[], None] | None = None
     submitted_at: float = 0.0
     extra: dict = field(default_factory=dict)
+    process_set: int = 0
 
     def announcement(self) -> tuple:
         """What the negotiation sends about this request (picklable)."""
-        return (self.name, self.kind, self.signature, self.info)
+        return (self.process_set, self.name, self.kind, self.signature, self.info)
 
 
 def differences(name: str, kind: str, signatures: dict[int, tuple]) -> str | None:

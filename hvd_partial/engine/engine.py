@@ -210,11 +210,12 @@ class Engine:
         self._stop_thread()
 
     def free_stream_comms(self) -> None:
-        """Free the streams' communicators once the thread has stopped cleanly
-        (collective: every rank frees them in stream order)."""
+        """Free the streams' and the process sets' communicators once the thread has
+        stopped cleanly (collective: every rank frees them in stream, then set, order)."""
         if self._thread.is_alive() or self.failure is not None:
             return
         self._reductions.free_comms()
+        self._helpers.free_sets()
 
     def _stop_thread(self):
         self._stopped.set()

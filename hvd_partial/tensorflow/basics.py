@@ -21,8 +21,8 @@ import threading
 import tensorflow as tf
 
 import hvd_partial as _core
-from ..collectives.process_sets import (ProcessSet, add_process_set, check_process_set,  # noqa: F401
-                                        global_process_set, remove_process_set)
+from ..collectives.process_sets import ProcessSet, global_process_set  # noqa: F401
+from ..collectives.set_changes import add_process_set, remove_process_set  # noqa: F401
 from ..build_flags import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,  # noqa: F401
                            mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
 from ..errors import ConfigError, NotSupportedError
@@ -32,8 +32,13 @@ log = logging.getLogger("hvd_partial.tensorflow")
 
 
 def require_global(process_set, where: str) -> None:
-    """Raise ``NotSupportedError`` unless ``process_set`` is the global set."""
-    check_process_set(process_set, where)
+    """Raise ``NotSupportedError`` unless ``process_set`` is the global set (the
+    TensorFlow adapter's collectives run on every rank; process sets run in the
+    numpy API and ``hvd_partial.torch``)."""
+    if process_set is None or process_set is global_process_set:
+        return
+    raise NotSupportedError(f"{where}: process_set={process_set}: hvd_partial.tensorflow supports only "
+                            "hvd.global_process_set; process sets run in hvd_partial (numpy) and hvd_partial.torch")
 
 
 def require_default(where: str, **given) -> None:

@@ -20,9 +20,10 @@ Example::
 """
 
 from .. import (ConfigError, DuplicateNameError, EngineError, HostsUpdatedInterrupt, HvdPartialError, Majority,
-                MismatchError, NotInitializedError, NotSupportedError, RankFailedError, Solo, StreamConflictError,
+                MismatchError, NotInitializedError, NotSupportedError, ProcessSetError, RankFailedError, Solo, StreamConflictError,
                 Sync, UnsupportedInputError, init, is_initialized, local_rank, local_size, rank, shutdown, size, stats)
-from ..collectives.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from ..collectives.process_sets import ProcessSet, global_process_set
+from ..collectives.set_changes import add_process_set, remove_process_set
 from . import elastic
 from .basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,
                      mpi_enabled, mpi_threads_supported, nccl_built, rocm_built, start_timeline, stop_timeline)
@@ -64,5 +65,5 @@ __all__ = [
     # errors
     "HorovodInternalError", "HvdPartialError", "NotInitializedError", "ConfigError", "UnsupportedInputError",
     "StreamConflictError", "DuplicateNameError", "MismatchError", "RankFailedError", "EngineError",
-    "NotSupportedError", "SynchronizationError", "HostsUpdatedInterrupt",
+    "NotSupportedError", "ProcessSetError", "SynchronizationError", "HostsUpdatedInterrupt",
 ]

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 import hvd_partial as _core
-from ..collectives.process_sets import check_process_set, global_process_set
+from ..collectives.process_sets import global_process_set
 from ..errors import MismatchError, UnsupportedInputError
 from .tensors import to_cpu_tree
 
@@ -178,15 +178,14 @@ def broadcast_object(obj, root_rank: int = 0, name: str | None = None, process_s
 
         epoch = hvd.broadcast_object(epoch, root_rank=0)
     """
-    check_process_set(process_set, "broadcast_object")
-    return _core.broadcast_object(obj, root_rank, name=name)
+    return _core.broadcast_object(obj, root_rank, name=name, process_set=process_set)
 
 
-def allgather_object(obj, name: str | None = None) -> list:
+def allgather_object(obj, name: str | None = None, process_set=global_process_set) -> list:
     """Return every rank's picklable ``obj``, in rank order.
 
     Example::
 
         losses = hvd.allgather_object(float(loss))
     """
-    return _core.allgather_object(obj, name=name)
+    return _core.allgather_object(obj, name=name, process_set=process_set)

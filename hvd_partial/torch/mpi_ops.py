@@ -26,7 +26,7 @@ import torch
 
 import hvd_partial as _core
 from .. import collectives as _c
-from ..collectives.process_sets import check_process_set, global_process_set
+from ..collectives.process_sets import global_process_set, members_size, resolve
 from ..engine.handle import Handle
 from ..errors import UnsupportedInputError
 from ..modes import ReduceOp
@@ -143,9 +143,8 @@ def _allreduce_async(tensor, output, average, name, op, compression, prescale, p
     what = f"allreduce({name or ''})"
     tensor = _check_tensor(tensor, what)
     op = _resolve_op(average, op, what)
-    check_process_set(process_set, what)
     wire, ctx = compression.compress(tensor.detach())
-    inner = _c.allreduce_async(_for_reduction(wire, what), name, op, prescale, postscale)
+    inner = _c.allreduce_async(_for_reduction(wire, what), name, op, prescale, postscale, process_set)
 
     def convert(array):
         out = compression.decompress(_back(array, wire), ctx)
@@ -221,9 +220,9 @@ def _grouped_async(tensors, outputs, average, name, op, compression, prescale, p
     what = f"grouped_allreduce({name or ''})"
     tensors = [_check_tensor(t, what) for t in tensors]
     op = _resolve_op(average, op, what)
-    check_process_set(process_set, what)
     wires = [compression.compress(t.detach()) for t in tensors]
-    inner = _c.grouped_allreduce_async([_for_reduction(w, what) for w, _ in wires], name, op, prescale, postscale)
+    inner = _c.grouped_allreduce_async([_for_reduction(w, what) for w, _ in wires], name, op, prescale, postscale,
+                                       process_set)
 
     def convert(arrays):
         out = []
@@ -311,18 +310,18 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
     op = _resolve_op(None, op, what)
     if op not in (Average, Sum):
         raise UnsupportedInputError(f"{what}: sparse allreduce supports op=Average and op=Sum, got {op!r}")
-    check_process_set(process_set, what)
+    _, ranks = resolve(process_set, what)
     t = tensor.coalesce()
     indices = t.indices().t().contiguous()  # rows of indices, so the allgather concatenates them
     values = t.values()
-    index_handle = allgather_async(indices, name=None if name is None else f"{name}.indices")
-    value_handle = allgather_async(values, name=None if name is None else f"{name}.values")
+    index_handle = allgather_async(indices, None if name is None else f"{name}.indices", process_set)
+    value_handle = allgather_async(values, None if name is None else f"{name}.values", process_set)
 
     def convert(_):
         all_indices = synchronize(index_handle).t()
         all_values = synchronize(value_handle)
         if op is Average:
-            all_values = all_values / _core.size()
+            all_values = all_values / members_size(ranks)
         return torch.sparse_coo_tensor(all_indices, all_values, t.shape, device=tensor.device)
 
     return TorchHandle(value_handle.inner, convert)
@@ -333,11 +332,10 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set) -> 
 def _allgather_async(tensor, name, process_set):
     what = f"allgather({name or ''})"
     tensor = _check_tensor(tensor, what)
-    check_process_set(process_set, what)
     if tensor.dim() == 0:
         raise UnsupportedInputError(f"{what}: needs a tensor of at least one dimension, got a scalar")
     array = _for_bytes(tensor, what)
-    return TorchHandle(_c.allgather_async(array, name), lambda out: _back(out, tensor))
+    return TorchHandle(_c.allgather_async(array, name, process_set), lambda out: _back(out, tensor))
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set) -> TorchHandle:
@@ -345,10 +343,10 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> TorchH
     return _allgather_async(tensor, name, process_set)
 
 
-def _row_offset(rows: int, name: str) -> int:
-    """Where this rank's ``rows`` start in an allgather's result."""
-    everyone = _core.allgather(np.array([rows], dtype=np.int64), name=name)
-    return int(everyone[:_core.rank()].sum())
+def _row_offset(rows: int, name: str, process_set) -> int:
+    """Where this rank's ``rows`` start in an allgather's result (on ``process_set``)."""
+    everyone = _core.allgather(np.array([rows], dtype=np.int64), name=name, process_set=process_set)
+    return int(everyone[:(process_set or global_process_set).rank()].sum())
 
 
 class _AllgatherGrad(torch.autograd.Function):
@@ -365,7 +363,7 @@ class _AllgatherGrad(torch.autograd.Function):
     def backward(ctx, grad_output):
         grad = synchronize(_allreduce_async(grad_output, None, None, None, Average, Compression.none, 1.0, 1.0,
                                             ctx.process_set))
-        start = _row_offset(ctx.rows, None)
+        start = _row_offset(ctx.rows, None, ctx.process_set)
         return grad[start:start + ctx.rows], None, None
 
 
@@ -401,8 +399,8 @@ class _GroupedAllgatherGrad(torch.autograd.Function):
     def backward(ctx, *grads):
         reduced = synchronize(_grouped_async(list(grads), None, None, None, Average, Compression.none, 1.0, 1.0,
                                              ctx.process_set))
-        everyone = _core.allgather(np.array([ctx.rows], dtype=np.int64))  # (size, tensors)
-        starts = everyone[:_core.rank()].sum(axis=0)
+        everyone = _core.allgather(np.array([ctx.rows], dtype=np.int64), process_set=ctx.process_set)
+        starts = everyone[:(ctx.process_set or global_process_set).rank()].sum(axis=0)  # (set size, tensors)
         return (None, None) + tuple(g[int(s):int(s) + n] for g, s, n in zip(reduced, starts, ctx.rows))
 
 
@@ -420,7 +418,6 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set) -> lis
 def _broadcast_async(tensor, output, root_rank, name, process_set):
     what = f"broadcast({name or ''})"
     tensor = _check_tensor(tensor, what)
-    check_process_set(process_set, what)
     array = _for_bytes(tensor, what)
 
     def convert(out):
@@ -431,7 +428,7 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
             return output
         return result
 
-    return TorchHandle(_c.broadcast_async(array, root_rank, name), convert)
+    return TorchHandle(_c.broadcast_async(array, root_rank, name, process_set), convert)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> TorchHandle:
@@ -482,7 +479,6 @@ def broadcast_(tensor, root_rank, name=None, process_set=global_process_set) -> 
 def _alltoall_async(tensor, splits, name, process_set, with_splits: bool) -> TorchHandle:
     what = f"alltoall({name or ''})"
     tensor = _check_tensor(tensor, what)
-    check_process_set(process_set, what)
     if isinstance(splits, torch.Tensor):
         splits = splits.detach().to("cpu").tolist()
     array = _for_bytes(tensor, what)
@@ -492,7 +488,7 @@ def _alltoall_async(tensor, splits, name, process_set, with_splits: bool) -> Tor
         out = _back(out, tensor)
         return (out, torch.from_numpy(np.asarray(received, dtype=np.int32))) if with_splits else out
 
-    return TorchHandle(_c.alltoall_async(array, splits, name), convert)
+    return TorchHandle(_c.alltoall_async(array, splits, name, process_set), convert)
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> TorchHandle:
@@ -540,15 +536,15 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     (the first ``dim0 % size`` ranks get one row more); Average or Sum."""
     what = f"reducescatter({name or ''})"
     tensor = _check_tensor(tensor, what)
-    check_process_set(process_set, what)
-    inner = _c.reducescatter_async(_for_reduction(tensor, what), name, op, None, prescale_factor, postscale_factor)
+    inner = _c.reducescatter_async(_for_reduction(tensor, what), name, op, process_set, prescale_factor,
+                                   postscale_factor)
     return TorchHandle(inner, lambda out: _back(out, tensor))
 
 
-def _scatter_grad_scale(op, prescale, postscale) -> float:
+def _scatter_grad_scale(op, prescale, postscale, process_set) -> float:
     """Horovod's factor on a reducescatter's gradient before it is allgathered
-    back: the number of ranks for Sum, times the scale factors."""
-    return (_core.size() if op is Sum else 1.0) * prescale * postscale
+    back: the number of ranks (of the process set) for Sum, times the scale factors."""
+    return (members_size(resolve(process_set, "reducescatter")[1]) if op is Sum else 1.0) * prescale * postscale
 
 
 class _ReducescatterGrad(torch.autograd.Function):
@@ -558,7 +554,7 @@ class _ReducescatterGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, name, compression, op, process_set, prescale, postscale):
-        ctx.scale = _scatter_grad_scale(op, prescale, postscale)
+        ctx.scale = _scatter_grad_scale(op, prescale, postscale, process_set)
         ctx.process_set = process_set
         return _reducescatter(tensor, name, compression, op, process_set, prescale, postscale)
 
@@ -602,7 +598,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
 class _GroupedReducescatterGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, process_set, prescale, postscale, *tensors):
-        ctx.scale = _scatter_grad_scale(op, prescale, postscale)
+        ctx.scale = _scatter_grad_scale(op, prescale, postscale, process_set)
         ctx.process_set = process_set
         return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, process_set, prescale,
                                                              postscale)))
@@ -641,5 +637,5 @@ def join(device=-1) -> int:
 
 
 def barrier(process_set=global_process_set) -> None:
-    """Wait until every rank has called ``barrier``."""
+    """Wait until every rank of ``process_set`` has called ``barrier``."""
     _c.barrier(process_set)

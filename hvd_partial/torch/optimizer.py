@@ -46,6 +46,7 @@ from .backward_buckets import BackwardBuckets
 from .compression import Compression
 from .parameter_grads import ParameterGradients, rank_label
 from .round_hyperparameters import RoundHyperparameters
+from .set_optimizer import new_optimizer
 
 log = logging.getLogger("hvd_partial.torch")
 
@@ -116,7 +117,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     - ``gradient_predivide_factor``, ``num_groups``, ``groups``: Horovod's,
       checked; they do not change the result (the average is the same, and
       every gradient already travels in one fused post).
-    - ``process_set``: only ``global_process_set``.
+    - ``process_set``: ``global_process_set``, or a set added with
+      ``add_process_set``: then Horovod's synchronous optimizer among its ranks
+      (:mod:`hvd_partial.torch.set_optimizer`; solo and majority are refused).
     - ``name``: the stream's name; by default the n-th wrapped optimizer of the
       process is ``torch.DistributedOptimizer.n`` (wrap in the same order on
       every rank).
@@ -140,6 +143,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         opt.step()
         print(opt.rounds, [r.contributors for r in opt.last_results])
     """
+
+    __new__ = new_optimizer  # process_set= a set other than the global one: set_optimizer.SetOptimizer
 
     def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
                  backward_passes_per_step: int = 1, op: ReduceOp = _core.Average,

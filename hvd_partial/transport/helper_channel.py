@@ -103,6 +103,34 @@ class HelperChannel:
         return self.comm.Ialltoallv([send, list(map(int, send_counts)), list(map(int, sdispl)), MPI.BYTE],
                                     [recv, list(map(int, recv_counts)), list(map(int, rdispl)), MPI.BYTE])
 
+    # -- process sets ---------------------------------------------------------------
+
+    def split(self, member: bool):
+        """A communicator of the ranks that pass ``member=True``, in rank order (collective,
+        blocking: every rank calls it at the same point); None where ``member`` is False."""
+        comm = self.comm.Split(0 if member else MPI.UNDEFINED, self.rank)
+        return None if comm == MPI.COMM_NULL else comm
+
+    def on(self, comm) -> "HelperChannel":
+        """A channel for the data collectives of a process set on ``comm`` (no wake-ups)."""
+        channel = HelperChannel(comm, None, self._wake_tag - TAG_WAKE)
+        channel.count_parts = self.count_parts
+        return channel
+
+    def free(self) -> None:
+        """Free this channel's communicator (a process set removed, on every member)."""
+        self.comm.Free()
+
+    def abandon(self) -> None:
+        """The world changed (elastic training): revoke the communicator where MPI can, so that
+        nothing pending on it waits for a rank that is gone; it is never used again."""
+        revoke = getattr(self.comm, "Revoke", None)
+        try:
+            if revoke is not None and not self.comm.Is_revoked():
+                revoke()
+        except (MPI.Exception, NotImplementedError, AttributeError):  # an MPI without ULFM
+            pass
+
     def communicator_handle(self) -> int:
         """The communicator's MPI handle (for checks that no new one appears)."""
         return int(MPI._handleof(self.comm))

@@ -44,3 +44,25 @@ def test_adasum_is_refused_naming_the_alternative():
         check_op(ReduceOp.ADASUM, "allreduce(x)")
     with pytest.raises(TypeError):
         check_op("sum", "allreduce(x)")
+
+
+def test_process_set_objects_follow_horovod_before_they_are_added():
+    import hvd_partial as hvd
+    from hvd_partial.collectives.negotiator import _Entry, _on_set
+
+    ps = hvd.ProcessSet(range(3, 0, -1))
+    assert ps.ranks == [1, 2, 3] and ps.process_set_id is None and ps.size() is None and ps.rank() is None
+    assert str(ps) == "ProcessSet(process_set_id=None, ranks=[1, 2, 3], mpi_comm=None)"
+    assert hvd.global_process_set.process_set_id == 0
+    assert hvd.remove_process_set(ps) is False and hvd.remove_process_set(hvd.global_process_set) is False
+    with pytest.raises(hvd.ProcessSetError, match="ints"):
+        hvd.ProcessSet([0, True])
+    with pytest.raises(hvd.NotSupportedError, match="list of ranks"):
+        hvd.ProcessSet(7)
+    # A set's collective reads its entry numbered by set rank, a broadcast's root too.
+    entry = _Entry("b", "broadcast", 1)
+    entry.sigs = {1: (("root", 3), ("dtype", "<f8")), 3: (("root", 3), ("dtype", "<f8"))}
+    entry.infos = {1: 5, 3: 6}
+    local = _on_set(entry, [1, 3])
+    assert local.sigs == {0: (("root", 1), ("dtype", "<f8")), 1: (("root", 1), ("dtype", "<f8"))}
+    assert local.infos == {0: 5, 1: 6}

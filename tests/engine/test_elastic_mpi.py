@@ -91,6 +91,14 @@ def test_a_stopped_rank_is_declared_by_liveness_ended_and_survived(ulfm):
     _same(reports, "digest")
 
 
+def test_process_sets_are_dropped_at_a_world_change_and_added_again(ulfm):
+    reports = _survivors("process_sets_dropped", "3", victim=3)
+    for rank, rep in reports.items():
+        assert rep["dropped"] is not None and "dropped" in rep["dropped"] and f"rank {rank}" in rep["dropped"]
+        assert rep["again"] == 1 and rep["size"] == 3
+        assert rep["pair_sum"] == ([2.0] if rank in (0, 1) else None)
+
+
 def test_a_helper_collective_in_flight_fails_alike_then_runs_on_the_new_world(ulfm):
     reports = _survivors("helper_fails_alike", "1", victim=1)
     # Every survivor fails the same call: the one in flight if it completed nowhere, else the next.

@@ -72,5 +72,5 @@ def test_not_supported_names_fail_clearly_not_with_attribute_errors():
         if status == "not supported":
             assert getattr(hvd, name) is not None
     assert callable(hvd.elastic.run(lambda state: None))  # elastic is supported: decorating refuses nothing
-    with pytest.raises(hvd.NotSupportedError, match="global_process_set"):
-        hvd.add_process_set([0, 1])
+    with pytest.raises(hvd.NotSupportedError, match="list of ranks"):
+        hvd.ProcessSet(object())  # Horovod's sets from an MPI communicator

@@ -73,12 +73,11 @@ def test_join_lets_ranks_run_different_numbers_of_steps(api_run):
         assert steps == [float(n - i) for i in range(me + 1)] and last == n - 1
 
 
-def test_process_sets_and_adasum_fail_clearly(api_run):
-    for rep in api_run.results.values():
+def test_unadded_process_sets_and_adasum_fail_clearly(api_run):
+    for rank, rep in api_run.results.items():
         refused = rep["refused"]
-        for what in ("add_process_set", "other_set"):
-            assert refused[what][0] == "NotSupportedError", what
-        assert "global_process_set" in refused["add_process_set"][1]
+        assert refused["other_set"][0] == "ProcessSetError"
+        assert f"rank {rank}" in refused["other_set"][1] and "never added" in refused["other_set"][1]
         assert refused["adasum"][0] == "UnsupportedInputError" and "op=Average" in refused["adasum"][1]
 
 
@@ -117,7 +116,7 @@ def test_optimizer_state_broadcast_without_gradients_and_horovods_arguments():
         assert rep["state_steps"] == [1.0]
         assert len(rep["warning"]) == 1 and "skip_synchronize" in rep["warning"][0]
         assert rep["refused"] == {"adasum": "UnsupportedInputError", "predivide_sum": "ConfigError",
-                                  "process_set": "NotSupportedError"}
+                                  "process_set": "ProcessSetError", "solo_on_set": "NotSupportedError"}
     assert result.results[0]["fingerprint"] == result.results[1]["fingerprint"]
 
 

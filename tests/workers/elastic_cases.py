@@ -107,5 +107,32 @@ def helper_fails_alike(_token, victim):
     _leave()
 
 
+@case
+def process_sets_dropped(_token, victim):
+    """A world change drops every process set: after acknowledge_world_change() a set
+    added before raises ProcessSetError (no hang), and a set added again runs on the new world."""
+    victim = int(victim)
+    hvd.init(elastic=True)
+    me = hvd.rank()
+    pair = hvd.add_process_set([0, 1])
+    if me == victim:
+        faults.at("helper_started", lambda n: os._exit(1))
+    for name in ("metric", "metric2"):
+        try:
+            hvd.allreduce(np.ones(1), name=name, op=hvd.Sum)
+        except hvd.HorovodInternalError:
+            break
+    hvd.acknowledge_world_change()
+    try:
+        hvd.allreduce(np.ones(1), op=hvd.Sum, process_set=pair)
+        dropped = None
+    except hvd.ProcessSetError as err:
+        dropped = str(err)
+    again = hvd.add_process_set([0, 1])
+    pair_sum = hvd.allreduce(np.ones(1), op=hvd.Sum, process_set=again).tolist() if again.included() else None
+    report({"dropped": dropped, "again": again.process_set_id, "pair_sum": pair_sum, "size": hvd.size()})
+    _leave()
+
+
 if __name__ == "__main__":
     run_case()

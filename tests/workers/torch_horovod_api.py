@@ -94,8 +94,7 @@ def api() -> dict:
     phase("process sets")
     out["global_set"] = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=hvd.global_process_set).item()
     out["refused"] = {}
-    for what, call in {"add_process_set": lambda: hvd.add_process_set([0]),
-                       "other_set": lambda: hvd.allreduce(torch.ones(1), process_set=hvd.ProcessSet([0])),
+    for what, call in {"other_set": lambda: hvd.allreduce(torch.ones(1), process_set=hvd.ProcessSet([0])),
                        "adasum": lambda: hvd.allreduce(torch.ones(1), op=hvd.Adasum)}.items():
         try:
             call()
@@ -203,7 +202,10 @@ def optimizer() -> dict:
     refused = {}
     for what, kwargs in {"adasum": {"op": hvd.Adasum}, "predivide_sum": {"op": hvd.Sum,
                                                                           "gradient_predivide_factor": 2.0},
-                         "process_set": {"process_set": hvd.ProcessSet([0])}}.items():
+                         "process_set": {"process_set": hvd.ProcessSet([0])},
+                         "solo_on_set": {"process_set": "added", "mode": hvd.Solo()}}.items():
+        if kwargs.get("process_set") == "added":
+            kwargs["process_set"] = hvd.add_process_set([0])
         try:
             hvd.DistributedOptimizer(torch.optim.SGD(make_model(0).parameters(), lr=0.1), **kwargs)
             refused[what] = None
