@@ -401,20 +401,20 @@ def main(argv: list[str] | None = None) -> int:
         watcher = HostsWatcher(args.host_discovery_script, args.slots_per_host or 1,
                                environ[ENV_PREFIX + "HOSTS_FILE"], [(h.name, h.slots) for h in hosts])
         watcher.start()
-    proc = subprocess.Popen(cmd, env=environ)
+    status_dir = environ.get(rank_status.STATUS_DIR_ENV) if is_elastic(args) else None
     try:
-        code = proc.wait()
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)  # mpiexec forwards it to the ranks
-        try:
-            code = proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
+        for attempt in range(1, _LAUNCH_ATTEMPTS + 1):
+            code = _run_launcher(cmd, environ)
+            # mpirun can fail to start itself (Open MPI: "The PMIx server's listener thread failed
+            # to start"); a job none of whose ranks started ran nothing and can be launched again.
+            if code == 0 or status_dir is None or rank_status.any_started(status_dir) \
+                    or attempt == _LAUNCH_ATTEMPTS:
+                break
+            print(f"hvd-partial-run: {os.path.basename(cmd[0])} exited {code} before any rank started; "
+                  f"launching again (attempt {attempt + 1} of {_LAUNCH_ATTEMPTS})", file=sys.stderr)
     finally:
         if watcher is not None:
             watcher.stop()
-        status_dir = environ.get(rank_status.STATUS_DIR_ENV) if is_elastic(args) else None
         records = rank_status.collect(status_dir, nprocs) if status_dir else None
         _remove(temporary)
     if args.timeline_filename:
@@ -422,6 +422,24 @@ def main(argv: list[str] | None = None) -> int:
     if records is not None:
         return elastic_exit(records, min_np, code)
     return code
+
+
+#: Launches of an elastic job whose launcher fails before any rank starts.
+_LAUNCH_ATTEMPTS = 3
+
+
+def _run_launcher(cmd: list[str], environ: dict) -> int:
+    """Run mpiexec/mpirun; Ctrl-C is forwarded to the ranks. Its exit status."""
+    proc = subprocess.Popen(cmd, env=environ)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)  # mpiexec forwards it to the ranks
+        try:
+            return proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
 
 
 def elastic_exit(records: dict, min_np: int, code: int) -> int:

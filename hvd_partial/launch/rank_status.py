@@ -162,6 +162,7 @@ def wrap(program: list[str], first_member: int | None = None) -> int:
     mark = None
     if directory and rank is not None:
         mark = os.path.join(directory, f"{'joined' if joined else 'rank'}.{rank}.ended")
+        _touch(os.path.join(directory, f"{'joined' if joined else 'rank'}.{rank}.started"))
         env[EXIT_MARK_ENV] = mark
     env.pop(STATUS_DIR_ENV, None)
     env[RESPAWN_ENV] = json.dumps([sys.executable, "-I", os.path.abspath(__file__)])
@@ -245,6 +246,22 @@ def _exit_like(code: int) -> None:
 
 
 # ----- the launcher's side ----------------------------------------------------------------
+
+def _touch(path: str) -> None:
+    try:
+        with open(path, "w"):
+            pass
+    except OSError:
+        pass  # the launcher has closed the folder: nothing to tell it
+
+
+def any_started(directory: str) -> bool:
+    """Whether a rank of the job has started (its wrapper writes a mark first thing)."""
+    try:
+        return any(entry.endswith(".started") for entry in os.listdir(directory))
+    except OSError:
+        return False
+
 
 def collect(directory: str, nprocs: int) -> dict[int, dict | None]:
     """rank -> its record, or None where it left none; removes ``directory``.

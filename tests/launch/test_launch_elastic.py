@@ -401,3 +401,30 @@ def test_launcher_all_finished(tmp_path):
     res = launch(tmp_path, "-np", "2")
     assert res.returncode == 0, res.stderr
     assert "elastic job: 2 of 2 ranks finished (mpirun exited 0)" in res.stderr
+
+
+# Fails to start (no rank runs) for its first FAILS launches, then behaves as SEQUENTIAL_MPIRUN.
+FLAKY_MPIRUN = """
+launches=$(cat "$TMPDIR/launches" 2>/dev/null || echo 0)
+echo $((launches + 1)) > "$TMPDIR/launches"
+if [ "$launches" -lt "$FAILS" ]; then echo "The PMIx server's listener thread failed to start." >&2; exit 213; fi
+""" + SEQUENTIAL_MPIRUN
+
+
+@pytest.mark.parametrize("fails, returncode, launches", [(1, 0, 2), (5, 213, 3)])
+def test_a_launcher_that_fails_before_any_rank_starts_is_run_again(tmp_path, fails, returncode, launches):
+    exe = stand_in(tmp_path, "mpirun (Open MPI) 5.0.11", FLAKY_MPIRUN)
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    res = run_command([sys.executable, "-m", "hvd_partial.launch.cli", "--mpiexec", exe, "--elastic", "-np", "2",
+                       sys.executable, str(worker)], timeout=120, env={"TMPDIR": str(tmp_path), "FAILS": str(fails)})
+    assert res.returncode == returncode, res.stderr
+    assert int((tmp_path / "launches").read_text()) == launches
+    assert res.stderr.count("before any rank started; launching again") == launches - 1
+    if returncode == 0:
+        assert "elastic job: 2 of 2 ranks finished (mpirun exited 0)" in res.stderr
+
+
+def test_a_job_whose_ranks_started_is_never_launched_again(tmp_path):
+    res = launch(tmp_path, "-np", "2", fates=["0=die", "1=die"])
+    assert res.returncode == 1 and "launching again" not in res.stderr
