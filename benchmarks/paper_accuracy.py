@@ -253,21 +253,31 @@ def train_one(task: Task, mode: str, args, rank: int, size: int) -> dict:
             "replicas_identical": len(set(sums)) == 1, "steps_per_epoch": task.steps_per_epoch, "stream": facts}
 
 
-def worker(out_path: str, argv: list[str]):
+def start_ranks() -> tuple[int, int]:
+    """hvd_partial and a gloo process group for DDP, one torch thread per rank: (rank, size)."""
+    import warnings
+
     import torch
     import torch.distributed as dist
 
     import hvd_partial.torch as hvd
 
-    import warnings
-
-    args = parse_args(argv)
     warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
     torch.set_num_threads(1)
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     port = hvd.broadcast_object(_free_port() if rank == 0 else None, root_rank=0)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    return rank, size
+
+
+def worker(out_path: str, argv: list[str]):
+    import torch.distributed as dist
+
+    import hvd_partial.torch as hvd
+
+    args = parse_args(argv)
+    rank, size = start_ranks()
     modes = args.modes.split(",")
     runs = []
     for task_name in args.tasks.split(","):

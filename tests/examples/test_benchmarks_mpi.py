@@ -32,3 +32,13 @@ def test_overlap_backward_benchmark_runs():
                   "--bucket-mb", "0.01", "--blocks", "2", "--steps", "3", timeout=120, require_reports=False)
     for method in ("on", "off", "ddp"):
         assert re.search(rf"^{method}\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+$", res.stdout, re.M), res.tail()
+
+
+def test_balanced_steps_benchmark_runs():
+    res = run_mpi(str(ROOT / "benchmarks" / "balanced_steps.py"), 2, "--tasks", "lstm,cnn", "--methods",
+                  "ddp,sync,solo,local", "--blocks", "2", "--steps", "3", "--length", "4", "--step-ms", "1",
+                  timeout=180, require_reports=False)
+    for task in ("lstm", "cnn"):
+        assert re.search(rf"^{task}: median over blocks", res.stdout, re.M), res.tail()
+    for method in ("ddp", "sync", "solo", "local"):
+        assert len(re.findall(rf"^{method}\s+\d+\.\d+\s+\d+\.\d+\s+\d+\s+\d+", res.stdout, re.M)) == 2, res.tail()
