@@ -226,21 +226,27 @@ def partial_allreduce_async(array, name: str, mode: Mode | None = None, op: Redu
 
 
 def grouped_partial_allreduce_async(arrays, name: str, mode: Mode | None = None, op: ReduceOp = Average,
-                                    max_staleness: int | None = None) -> Handle:
+                                    max_staleness: int | None = None, *, groups=None) -> Handle:
     """Post a list of arrays as one stream (one activation per round, fused
     buffers). Each result's ``arrays`` holds the reduced list.
+
+    ``groups`` (optional): lists of indices into ``arrays`` that hold each
+    array once; each group is fused on its own (one reduction per dtype, at
+    most ``fusion_threshold_bytes`` a buffer), and every group is in every
+    round. Every rank must pass the same groups.
 
     Example::
 
         handle = hvd.grouped_partial_allreduce_async([w_grad, b_grad], "layer1")
         w, b = hvd.synchronize(handle)[-1].arrays
+        hvd.grouped_partial_allreduce_async([w_grad, b_grad], "layer1", groups=[[0], [1]])  # two reductions
     """
     engine = _require()
     arrays = list(arrays)
     if not arrays:
         raise UnsupportedInputError("grouped_partial_allreduce_async needs at least one array")
     checked = [check_array(a, f"arrays[{i}]") for i, a in enumerate(arrays)]
-    return _post(engine, checked, name, mode, op, max_staleness, grouped=True)
+    return _post(engine, checked, name, mode, op, max_staleness, grouped=True, groups=groups)
 
 
 def partial_allreduce(array, name: str, mode: Mode | None = None, op: ReduceOp = Average,
@@ -354,7 +360,7 @@ def stream_options(mode: Mode | None, op: ReduceOp, max_staleness: int | None) -
     return mode
 
 
-def _post(engine: Engine, arrays, name, mode, op, max_staleness, grouped: bool) -> Handle:
+def _post(engine: Engine, arrays, name, mode, op, max_staleness, grouped: bool, groups=None) -> Handle:
     if not isinstance(name, str) or not name:
         raise TypeError(f"stream name must be a non-empty str, got {name!r}")
     mode = stream_options(mode, op, max_staleness)
@@ -370,11 +376,13 @@ def _post(engine: Engine, arrays, name, mode, op, max_staleness, grouped: bool) 
     shapes = tuple((a.shape, a.dtype) for a in arrays)
     with current.lock:
         cached = current.layouts.get(name)
-        if cached is not None and cached[0] == shapes and cached[1].bucket_bytes == bucket_bytes:
+        if (cached is not None and cached[0] == shapes and cached[1].bucket_bytes == bucket_bytes
+                and cached[2] == groups):
             layout = cached[1]
         else:
-            layout = Layout.of(arrays, bucket_bytes)
-            current.layouts[name] = (shapes, layout)
+            layout = Layout.of(arrays, bucket_bytes, groups)
+            groups = None if groups is None else [list(g) for g in groups]  # kept to compare: the caller's may change
+            current.layouts[name] = (shapes, layout, groups)
         # What the stream's signature is made of: while a post repeats the first post's, the
         # signature is that one's (making and comparing a signature on every post costs more).
         inputs = (layout, grouped, mode.describe(), op.value, tau)

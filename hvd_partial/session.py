@@ -45,8 +45,8 @@ class Session:
       rank, the rank, and what they were made of (a later post with other
       settings is refused locally).
     - ``pack_pools``: per grouped stream, the buffers its fused posts are packed into.
-    - ``layouts``: per stream name, the shapes and dtypes of its last post and
-      their :class:`~hvd_partial.core.fusion.Layout` (reused while they match:
+    - ``layouts``: per stream name, the shapes and dtypes of its last post,
+      their :class:`~hvd_partial.core.fusion.Layout` and its groups (reused while they match:
       a layout derives its buckets and offsets once).
     - ``adapters``: state of other per-session users (the helper collectives'
       names), by name, made on first use by :meth:`adapter_state`.
@@ -63,7 +63,7 @@ class Session:
     # -- the partial allreduce API's (hvd_partial.api)
     signatures: dict[str, tuple[StreamSignature, int, tuple]] = field(default_factory=dict)
     pack_pools: dict[str, BufferPool] = field(default_factory=dict)
-    layouts: dict[str, tuple[tuple, Layout]] = field(default_factory=dict)  # name -> (shapes and dtypes, layout)
+    layouts: dict[str, tuple[tuple, Layout, list | None]] = field(default_factory=dict)  # name -> (shapes, layout, groups)
     # -- other users' state by name, made on first use (adapter_state): the helper collectives' names
     adapters: dict[str, Any] = field(default_factory=dict)
     # -- framework adapters' state: one typed field per adapter, None until the adapter first runs

@@ -7,6 +7,11 @@ a grouped stream is packed into buffers of one dtype each, at most
 travels alone), and results are unpacked as views of the reduced buffers (no
 copy). Every buffer of a stream belongs to the same rounds: buckets bound the
 size of one MPI call, not what a round contains.
+
+A stream may also be cut into groups (``partition``: Horovod's ``groups`` of
+the torch optimizer): each group is fused on its own (per dtype, at most
+``bucket_bytes`` a buffer), so its arrays never share a buffer, and so one
+MPI call, with another group's; every group is still in every round.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..errors import UnsupportedInputError
+from ..errors import ConfigError, UnsupportedInputError
 from .buffer_pool import allocate
 
 SUPPORTED_DTYPES = ("float16", "float32", "float64", "int32", "int64", "uint8", "int8")
@@ -41,31 +46,70 @@ def check_array(array, what: str = "array") -> np.ndarray:
     return array
 
 
+def check_partition(partition, count: int) -> tuple[tuple[int, ...], ...]:
+    """``partition`` as a tuple of non-empty tuples of array indices that hold
+    each of ``count`` arrays exactly once; ``ConfigError`` naming the problem."""
+    try:
+        parts = tuple(tuple(int(i) for i in part) for part in partition)
+    except (TypeError, ValueError):
+        raise ConfigError(f"groups must be lists of array indices, got {partition!r}") from None
+    seen: set[int] = set()
+    for part in parts:
+        if not part:
+            raise ConfigError(f"groups {partition!r}: a group is empty")
+        for i in part:
+            if not 0 <= i < count:
+                raise ConfigError(f"groups {partition!r}: index {i} is not one of the {count} arrays")
+            if i in seen:
+                raise ConfigError(f"groups {partition!r}: array {i} is in two groups")
+            seen.add(i)
+    if len(seen) != count:
+        missing = sorted(set(range(count)) - seen)
+        raise ConfigError(f"groups {partition!r}: arrays {missing} are in no group; every array must be in one")
+    return parts
+
+
 @dataclass(frozen=True)
 class Layout:
     """Shapes and dtypes of the arrays of a stream, and how they are fused."""
 
     entries: tuple  # ((shape, dtype_name), ...)
     bucket_bytes: int | None = None  # largest fused buffer; None: one buffer per dtype
+    partition: tuple | None = None  # ((array indices), ...): groups fused apart; None: one group
 
     @classmethod
-    def of(cls, arrays, bucket_bytes: int | None = None) -> "Layout":
-        return cls(tuple((a.shape, dtype_name(a.dtype)) for a in arrays), bucket_bytes)
+    def of(cls, arrays, bucket_bytes: int | None = None, partition=None) -> "Layout":
+        entries = tuple((a.shape, dtype_name(a.dtype)) for a in arrays)
+        if partition is not None:
+            partition = check_partition(partition, len(entries))
+        return cls(entries, bucket_bytes, partition)
 
     @property
     def described(self) -> tuple:
-        """What ranks must agree on: the arrays and how they are bucketed."""
-        return self.entries if self.bucket_bytes is None else (self.entries, ("bucket_bytes", self.bucket_bytes))
+        """What ranks must agree on: the arrays and how they are bucketed and grouped."""
+        out = self.entries
+        if self.bucket_bytes is not None:
+            out = (out, ("bucket_bytes", self.bucket_bytes))
+        if self.partition is not None:
+            out = (out, ("groups", self.partition))
+        return out
 
     # Derived once per layout (the engine asks on every round); cached_property
     # writes the instance dict directly, which a frozen dataclass allows.
     @cached_property
     def groups(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
-        """(dtype, indices of the arrays in one buffer): dtypes in order of first
+        """(dtype, indices of the arrays in one buffer): per group of ``partition``
+        (in its order; the whole stream without one), dtypes in order of first
         use, each split into consecutive buckets of at most ``bucket_bytes``."""
+        out = []
+        for part in self.partition or (range(len(self.entries)),):
+            out.extend(self._fuse(part))
+        return tuple(out)
+
+    def _fuse(self, part) -> list[tuple[str, tuple[int, ...]]]:
         order: dict[str, list[int]] = {}
-        for i, (_, dtype) in enumerate(self.entries):
-            order.setdefault(dtype, []).append(i)
+        for i in part:
+            order.setdefault(self.entries[i][1], []).append(i)
         limit = self.bucket_bytes
         out = []
         for dtype, idx in order.items():
@@ -83,7 +127,7 @@ class Layout:
                 bucket.append(i)
                 filled += nbytes
             out.append((dtype, tuple(bucket)))
-        return tuple(out)
+        return out
 
     @cached_property
     def _sizes(self) -> tuple[int, ...]:

@@ -68,6 +68,8 @@ class EngineHost:
     def launch(self, stream: RankStream, launch: Launch) -> None:
         if launch.facts is not None:
             self._stats.round_started(stream.name, launch.facts.lag)
+        if launch.send is not None:  # the facts travel in a buffer of their own
+            self._stats.reductions_started(stream.name, len(launch.send) - launch.with_facts)
         timeline = self._engine.timeline
         if timeline is not None:
             timeline.launched(stream.name, launch)

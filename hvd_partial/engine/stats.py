@@ -24,6 +24,8 @@ class StreamStats:
         self.lag: list | tuple = [0] * world_size  # or (round, known_taken row) to read on demand
         self.max_staleness_seen = 0
         self.posts = 0
+        self.reductions = 0  # data reductions started here (one nonblocking allreduce per fused buffer)
+        self.reductions_per_round = 0  # ... in the latest round that reduced data
         self.waits: deque[float] = deque(maxlen=_WAIT_SAMPLES)
         self.rows: list = []  # staleness rows of rounds not counted yet
 
@@ -88,6 +90,13 @@ class StatsRecorder:
             with self._lock:
                 self._get(name).lag = list(lag)
 
+    def reductions_started(self, name: str, count: int) -> None:
+        """A round of ``name`` started ``count`` data reductions here (its fused buffers)."""
+        with self._lock:
+            s = self._get(name)
+            s.reductions += count
+            s.reductions_per_round = count
+
     def post_finished(self, name: str, wait_seconds: float) -> None:
         with self._lock:
             s = self._get(name)
@@ -108,6 +117,8 @@ class StatsRecorder:
                     "lag": s.lags(),
                     "max_staleness_seen": s.max_staleness_seen,
                     "posts": s.posts,
+                    "reductions": s.reductions,
+                    "reductions_per_round": s.reductions_per_round,
                     "wait_mean_s": float(waits.mean()) if waits.size else 0.0,
                     "wait_p95_s": float(np.percentile(waits, 95)) if waits.size else 0.0,
                 }

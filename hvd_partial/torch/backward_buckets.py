@@ -2,7 +2,9 @@
 
 The parameters with dense gradients are cut, in reverse registration order
 (the order in which a sequential model's backward pass completes them, as
-DDP does), into buckets of at most ``fusion_threshold_bytes`` of wire data.
+DDP does), into buckets of at most ``fusion_threshold_bytes`` of wire data;
+where the optimizer has ``num_groups`` or ``groups`` (Horovod's), its groups
+are the buckets instead (``plan_buckets`` makes both plans).
 Bucket ``k`` travels on a sync stream of its own, ``<stream>.overlap.<k>``,
 except the last bucket, which travels on the optimizer's stream itself with
 the param groups' scalars (``round_hyperparameters.py``) appended, so that
@@ -53,26 +55,55 @@ log = logging.getLogger("hvd_partial.torch")
 MAX_BUCKETS = 64
 
 
-def plan_buckets(params: list[torch.Tensor], dense: list[int], itemsizes: list[int], limit: int) -> list[list[int]]:
-    """Indices of ``dense`` parameters in buckets: in reverse order, each bucket at
-    most ``limit`` bytes (a parameter larger than that alone), at most
-    ``MAX_BUCKETS`` buckets (the limit grows to the total over that many)."""
-    sizes = {i: params[i].numel() * itemsizes[i] for i in dense}
-    total = sum(sizes.values())
-    limit = max(limit, -(-total // MAX_BUCKETS))
-    buckets: list[list[int]] = []
-    filled = 0
-    for i in reversed(dense):
-        if not buckets or (buckets[-1] and filled + sizes[i] > limit):
-            buckets.append([])
-            filled = 0
-        buckets[-1].append(i)
-        filled += sizes[i]
+def plan_buckets(params: list[torch.Tensor], dense: list[int], itemsizes: list[int], limit: int,
+                 groups: list[list[int]] | None = None) -> list[list[list[int]]]:
+    """The buckets of the ``dense`` parameters, in posting order, each a list
+    of groups (parameter indices) fused apart within the bucket's post.
+
+    Without ``groups``: cut in reverse order, each bucket one group of at most
+    ``limit`` bytes (a parameter larger than that alone). With ``groups`` (the
+    optimizer's ``num_groups``/``groups``): each group is a bucket, the group
+    holding the latest-registered first parameter first (a backward pass
+    completes it first). Either way at most ``MAX_BUCKETS`` buckets: beyond
+    that the last ones merge (cut buckets into one group, the user's groups
+    staying groups of one post)."""
+    if groups is None:
+        sizes = {i: params[i].numel() * itemsizes[i] for i in dense}
+        limit = max(limit, -(-sum(sizes.values()) // MAX_BUCKETS))
+        buckets: list[list[list[int]]] = []
+        filled = 0
+        for i in reversed(dense):
+            if not buckets or (buckets[-1][0] and filled + sizes[i] > limit):
+                buckets.append([[]])
+                filled = 0
+            buckets[-1][0].append(i)
+            filled += sizes[i]
+    else:
+        member = set(dense)
+        kept = [sorted(i for i in g if i in member) for g in groups]
+        buckets = [[g] for g in sorted((g for g in kept if g), key=lambda g: -g[0])]
     while len(buckets) > MAX_BUCKETS:  # greedy cuts of uneven sizes: the last buckets merge
         last = buckets.pop()
         buckets[-1].extend(last)
-    # Within a bucket the stream's own order: one bucket is the post made without overlap.
-    return [sorted(b) for b in buckets]
+    if groups is None:  # one group per bucket
+        buckets = [[sorted(i for g in b for i in g)] for b in buckets]
+    return buckets
+
+
+def post_groups(groups: list[list[int]] | None, indices: list[int], extra: int = 0) -> list[list[int]] | None:
+    """The ``groups=`` of a grouped post of the parameters ``indices`` (in that
+    order) followed by ``extra`` arrays (the carried hyperparameters), which
+    join the last group: positions in the post, groups without a posted
+    parameter left out; None where that leaves one group (the plain post)."""
+    if groups is None:
+        return None
+    position = {i: n for n, i in enumerate(indices)}
+    out = [[position[i] for i in g if i in position] for g in groups]
+    out = [g for g in out if g]
+    if len(out) <= 1:
+        return None
+    out[-1].extend(range(len(indices), len(indices) + extra))
+    return out
 
 
 class BackwardBuckets:
@@ -81,14 +112,19 @@ class BackwardBuckets:
     ``grads`` is the optimizer's :class:`ParameterGradients` after its sparse
     layout is settled; ``stream`` the optimizer's stream name."""
 
-    def __init__(self, grads: ParameterGradients, stream: str, mode: Mode, op: ReduceOp, bucket_bytes: int):
+    def __init__(self, grads: ParameterGradients, stream: str, mode: Mode, op: ReduceOp, bucket_bytes: int,
+                 groups: list[list[int]] | None = None):
         self.grads = grads
         self.mode = mode
         self.op = op
-        sparse = set(grads.sparse_indices)
-        self.dense = [i for i in range(len(grads.params)) if i not in sparse]
+        self.dense = grads.dense_indices()
         itemsizes = [grads.compressed_dtype(p.dtype).itemsize for p in grads.params]
-        self.buckets = plan_buckets(grads.params, self.dense, itemsizes, bucket_bytes)
+        plan = plan_buckets(grads.params, self.dense, itemsizes, bucket_bytes, groups)
+        self.buckets = [sorted(i for g in b for i in g) for b in plan]  # a bucket's arrays: the stream's order
+        last = len(plan) - 1
+        # each bucket's post: its groups fused apart (None: one group); the scalars join the last bucket's
+        self.groups = [post_groups(b if len(b) > 1 else None, self.buckets[k], int(k == last))
+                       for k, b in enumerate(plan)]
         last = len(self.buckets) - 1
         self.streams = [f"{stream}.overlap.{k}" for k in range(last)] + [stream]
         self.bucket_of = {id(grads.params[i]): k for k, bucket in enumerate(self.buckets) for i in bucket}
@@ -97,16 +133,17 @@ class BackwardBuckets:
         self.reset()
 
     @classmethod
-    def for_optimizer(cls, grads: ParameterGradients, stream: str, mode: Mode,
-                      op: ReduceOp) -> "BackwardBuckets | None":
+    def for_optimizer(cls, grads: ParameterGradients, stream: str, mode: Mode, op: ReduceOp,
+                      groups: list[list[int]] | None = None) -> "BackwardBuckets | None":
         """The buckets of an optimizer at its first step, or None where it posts
         at ``step()``: solo and majority, ``overlap_backward`` off, ``elastic``
-        training, or no dense gradient."""
+        training, or no dense gradient. ``groups``: the optimizer's groups of
+        parameter indices (``num_groups``/``groups``), which are then the buckets."""
         cfg = _core.config()
         if (mode.kind != "sync" or not cfg.overlap_backward or cfg.elastic
                 or len(grads.sparse_indices) == len(grads.params)):
             return None
-        buckets = cls(grads, stream, mode, op, cfg.fusion_threshold_bytes)
+        buckets = cls(grads, stream, mode, op, cfg.fusion_threshold_bytes, groups)
         log.debug("rank %s: %s posts %d buckets during backward: %s", rank_label(), stream, len(buckets.buckets),
                   buckets.describe())
         return buckets
@@ -187,7 +224,8 @@ class BackwardBuckets:
             arrays.append(hyperparameters)
         self.versions[k] = self._versions(k)
         self.ctxs[k] = ctxs
-        self.handles[k] = _core.grouped_partial_allreduce_async(arrays, self.streams[k], mode=self.mode, op=self.op)
+        self.handles[k] = _core.grouped_partial_allreduce_async(arrays, self.streams[k], mode=self.mode, op=self.op,
+                                                                groups=self.groups[k])
 
     def _join(self, per_bucket: list[list[RoundResult]]) -> list[RoundResult]:
         """The buckets' rounds, round by round, as the last bucket's results with

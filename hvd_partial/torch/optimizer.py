@@ -42,7 +42,7 @@ from ..collectives.process_sets import check_process_set, global_process_set
 from ..core.round_result import RoundResult
 from ..errors import ConfigError, HvdPartialError, MismatchError, UnsupportedInputError
 from ..modes import Mode, ReduceOp
-from .backward_buckets import BackwardBuckets
+from .backward_buckets import BackwardBuckets, post_groups
 from .compression import Compression
 from .parameter_grads import ParameterGradients, rank_label
 from .round_hyperparameters import RoundHyperparameters
@@ -114,9 +114,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
     - ``sparse_as_dense``: reduce sparse gradients as dense tensors. Otherwise
       sync mode allgathers them (Horovod's way) and solo/majority raise
       ``UnsupportedInputError``.
-    - ``gradient_predivide_factor``, ``num_groups``, ``groups``: Horovod's,
-      checked; they do not change the result (the average is the same, and
-      every gradient already travels in one fused post).
+    - ``gradient_predivide_factor``: Horovod's, checked; it does not change
+      the result (the average is the same).
+    - ``num_groups`` or ``groups`` (Horovod's): ``groups=n`` (or
+      ``num_groups=n``) splits the parameters, in order, into n groups;
+      ``groups=[[p, ...], ...]`` names them (a parameter in no group is a
+      group of its own). Each group is reduced as fused buffers of its own
+      (one reduction per dtype, at most ``fusion_threshold_bytes`` a buffer),
+      in every mode, and every group is in every round: a round is still one
+      decision for the whole gradient. In sync mode with ``overlap_backward``
+      the groups are the buckets posted during ``backward()``. The result is
+      the one without groups (bitwise where the sums are exact or on 2 ranks;
+      an MPI reduction of other buffer sizes may add in another order).
+      ``ConfigError`` for a parameter in two groups or not of ``optimizer``.
     - ``process_set``: ``global_process_set``, or a set added with
       ``add_process_set``: then Horovod's synchronous optimizer among its ranks
       (:mod:`hvd_partial.torch.set_optimizer`; solo and majority are refused).
@@ -159,13 +169,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ConfigError(f"gradient_predivide_factor must be a number > 0, got {gradient_predivide_factor!r}")
         if gradient_predivide_factor != 1.0 and op is not ReduceOp.AVERAGE:
             raise ConfigError("gradient_predivide_factor is only supported with op=Average (as in Horovod)")
-        if not isinstance(num_groups, int) or num_groups < 0:
+        if not isinstance(num_groups, int) or isinstance(num_groups, bool) or num_groups < 0:
             raise ConfigError(f"num_groups must be an int >= 0, got {num_groups!r}")
         if groups is not None and num_groups:
-            raise ConfigError("pass either num_groups or groups, not both (as in Horovod)")
-        if groups is not None and not (isinstance(groups, int) and groups >= 0) and not (
-                isinstance(groups, (list, tuple)) and all(isinstance(g, (list, tuple)) for g in groups)):
-            raise ConfigError("groups must be an int >= 0 or a list of lists of parameters")
+            raise ConfigError("pass either num_groups or groups, not both (num_groups is Horovod's older name "
+                              "for groups=<int>)")
+        if groups is not None and not (isinstance(groups, int) and not isinstance(groups, bool) and groups >= 0) \
+                and not (isinstance(groups, (list, tuple))
+                         and all(isinstance(g, (list, tuple)) for g in groups)):
+            raise ConfigError(f"groups must be an int >= 0 or a list of lists of parameters, got {groups!r}")
         if isinstance(optimizer, DistributedOptimizer):
             raise TypeError("this optimizer is already a DistributedOptimizer; wrap the plain optimizer once")
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -210,6 +222,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._hook_handles: list = []
         self._overlap: BackwardBuckets | None = None  # sync mode: buckets posted during backward
         self._overlap_settled = False  # whether the first synchronize() decided on overlap
+        self._groups_spec = groups if groups is not None else num_groups  # 0: no groups
         self._collect_parameters()
 
     # ===== parameters ======================================================================
@@ -220,6 +233,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # Horovod's private map from parameter to name (Horovod's own tests read it).
         self._parameter_names = {p: self._grads.names_by_id[id(p)] for g in self._inner.param_groups
                                  for p in g["params"]}
+        self._groups = parameter_groups(self._groups_spec, self._inner, self._grads)
         for handle in self._hook_handles:
             handle.remove()
         me = weakref.ref(self)
@@ -357,7 +371,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._grads.settle_sparse_layout(self._mode)
         if not self._overlap_settled:  # at the first step, once the sparse layout is settled
             self._overlap_settled = True
-            self._overlap = BackwardBuckets.for_optimizer(self._grads, self._name, self._mode, self._op)
+            self._overlap = BackwardBuckets.for_optimizer(self._grads, self._name, self._mode, self._op,
+                                                          self._groups)
         overlap = self._overlap
         try:
             if overlap is not None:
@@ -371,8 +386,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             else:
                 arrays, ctxs = self._grads.pack(self._mode)
                 arrays.append(self._carried.encode())  # last: ParameterGradients.load zips the others with params
+                # num_groups/groups: each group fused apart, every group in every round of the one stream
+                groups = post_groups(self._groups, self._grads.dense_indices(), 1)
                 handle = _core.grouped_partial_allreduce_async(arrays, self._name, mode=self._mode, op=self._op,
-                                                               max_staleness=self._max_staleness)
+                                                               max_staleness=self._max_staleness, groups=groups)
                 results = _core.synchronize(handle)
         except MismatchError as err:
             raise explain_mismatch(self._grads, self._name, err) from err
@@ -629,6 +646,47 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._took(take_all(self._queue))
         self._loaded = None
         self._synchronized = False
+
+
+def parameter_groups(spec, optimizer: torch.optim.Optimizer, grads: ParameterGradients) -> list[list[int]] | None:
+    """Horovod's ``num_groups``/``groups`` as lists of indices into ``grads.params``
+    (the parameters with ``requires_grad``), or None for no groups (0).
+
+    An int n splits the parameters, in order, into n groups of nearly equal
+    counts (the first ones one longer); a list of lists of parameters gives
+    the groups, and every parameter in none is a group of its own, after
+    them. Frozen parameters are left out of both; empty groups are dropped.
+    ``ConfigError`` for a parameter listed twice or not the optimizer's."""
+    params = grads.params
+    if isinstance(spec, int):
+        if spec == 0:
+            return None
+        count, extra = divmod(len(params), spec)
+        bounds = [n * count + min(n, extra) for n in range(spec + 1)]
+        return [list(range(a, b)) for a, b in zip(bounds, bounds[1:]) if b > a]
+    index = {id(p): i for i, p in enumerate(params)}
+    of_optimizer = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    seen: dict[int, int] = {}
+    out = []
+    for n, group in enumerate(spec):
+        kept = []
+        for p in group:
+            if not isinstance(p, torch.Tensor):
+                raise ConfigError(f"groups[{n}] holds a {type(p).__name__}; groups are lists of the optimizer's "
+                                  "parameters")
+            if id(p) not in of_optimizer:
+                raise ConfigError(f"groups[{n}] holds a tensor of shape {list(p.shape)} that is not a parameter of "
+                                  "the wrapped optimizer")
+            if id(p) in seen:
+                raise ConfigError(f"parameter {grads.names_by_id[id(p)]!r} is in groups[{seen[id(p)]}] and "
+                                  f"groups[{n}]; a parameter may be in one group only")
+            seen[id(p)] = n
+            if id(p) in index:  # requires_grad: reduced
+                kept.append(index[id(p)])
+        if kept:
+            out.append(kept)
+    out += [[i] for i, p in enumerate(params) if id(p) not in seen]
+    return out
 
 
 def explain_mismatch(grads: ParameterGradients, stream: str, err: MismatchError) -> MismatchError:

@@ -104,6 +104,11 @@ class ParameterGradients:
         """Parameters whose gradients sync mode reduces by allgather (settled at the first step)."""
         return list(self._sparse_idx or ())
 
+    def dense_indices(self) -> list[int]:
+        """The parameters whose gradients travel in the stream's arrays (not allgathered), in order."""
+        sparse = set(self._sparse_idx or ())
+        return [i for i in range(len(self.params)) if i not in sparse]
+
     def pack(self, mode: Mode, indices: list[int] | None = None,
              staging: HostStaging | None = None) -> tuple[list[np.ndarray], list]:
         """This rank's gradients as the post's host arrays, with the compression contexts to load results with.

@@ -134,8 +134,65 @@ def test_overlap_buckets_reverse_order_bounded_and_capped():
     params = [torch.zeros(n) for n in (100, 10, 300, 10, 40)]  # float32: 400, 40, 1200, 40, 160 bytes
     plan = plan_buckets(params, [0, 1, 2, 3, 4], [4] * 5, 256)
     # from the last parameter back; 1200 bytes alone; within a bucket the stream's own order
-    assert plan == [[3, 4], [2], [1], [0]]
-    assert plan_buckets(params, [0, 1, 3, 4], [4] * 5, 10_000) == [[0, 1, 3, 4]]  # one bucket: no overlap
+    assert plan == [[[3, 4]], [[2]], [[1]], [[0]]]  # each bucket one group
+    assert plan_buckets(params, [0, 1, 3, 4], [4] * 5, 10_000) == [[[0, 1, 3, 4]]]  # one bucket: no overlap
     many = [torch.zeros(1) for _ in range(1000)]
     capped = plan_buckets(many, list(range(1000)), [4] * 1000, 4)
-    assert len(capped) <= MAX_BUCKETS and sorted(i for b in capped for i in b) == list(range(1000))
+    assert len(capped) <= MAX_BUCKETS and all(len(b) == 1 for b in capped)
+    assert sorted(i for b in capped for g in b for i in g) == list(range(1000))
+
+
+def test_bucket_plan_from_groups():
+    """num_groups/groups are the buckets: the group a backward pass completes first goes first;
+    sparse (allgathered) parameters are left out; beyond MAX_BUCKETS groups share a post, fused apart."""
+    from hvd_partial.torch.backward_buckets import MAX_BUCKETS, plan_buckets, post_groups
+
+    params = [torch.zeros(n) for n in (100, 10, 300, 10, 40)]
+    plan = plan_buckets(params, [0, 1, 2, 3, 4], [4] * 5, 256, groups=[[0, 1], [2, 3, 4]])
+    assert plan == [[[2, 3, 4]], [[0, 1]]]  # the threshold plays no part
+    assert plan_buckets(params, [0, 2, 3, 4], [4] * 5, 256, groups=[[1], [3, 0], [2, 4]]) == [[[2, 4]], [[0, 3]]]
+    many = [torch.zeros(1) for _ in range(100)]
+    capped = plan_buckets(many, list(range(100)), [4] * 100, 4, groups=[[i] for i in range(100)])
+    assert len(capped) == MAX_BUCKETS and sum(len(b) for b in capped) == 100
+    assert [len(b) for b in capped][-1] == 100 - MAX_BUCKETS + 1 and capped[0] == [[99]]
+    # a post's groups: positions in the post, the carried scalars in the last group
+    assert post_groups([[0, 1], [2, 3, 4]], [0, 1, 2, 3, 4], 1) == [[0, 1], [2, 3, 4, 5]]
+    assert post_groups([[3], [0, 1]], [0, 3], 0) == [[1], [0]]
+    assert post_groups([[0, 1], [2]], [0, 1], 1) is None  # one group left: the plain post
+    assert post_groups(None, [0, 1], 1) is None
+
+
+def test_groups_arguments_resolved_and_checked():
+    """Horovod's semantics: an int splits in order (the first groups one longer), a list names
+    groups and every other parameter is a group of its own; frozen ones are left out."""
+    from hvd_partial.errors import ConfigError
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    ps = list(model.parameters())  # 6: w0 b0 w1 b1 w2 b2
+
+    def groups_of(**kw):
+        return hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                        named_parameters=model.named_parameters(), mode=hvd.Sync(), **kw)._groups
+
+    assert groups_of() is None and groups_of(num_groups=0) is None and groups_of(groups=0) is None
+    assert groups_of(num_groups=4) == [[0, 1], [2, 3], [4], [5]]
+    assert groups_of(groups=4) == groups_of(num_groups=4)
+    assert groups_of(groups=10) == [[i] for i in range(6)]  # more groups than parameters: the empty ones go
+    assert groups_of(groups=[[ps[4], ps[0]], [ps[1]]]) == [[4, 0], [1], [2], [3], [5]]
+    ps[2].requires_grad_(False)
+    try:
+        assert groups_of(groups=[[ps[2], ps[3]]]) == [[2], [0], [1], [3], [4]]  # indices of the 5 left
+    finally:
+        ps[2].requires_grad_(True)
+    with pytest.raises(ConfigError, match=r"'0.weight' is in groups\[0\] and groups\[1\]"):
+        groups_of(groups=[[ps[0]], [ps[1], ps[0]]])
+    with pytest.raises(ConfigError, match="not a parameter of the wrapped optimizer"):
+        groups_of(groups=[[ps[0], torch.nn.Parameter(torch.zeros(3))]])
+    with pytest.raises(ConfigError, match="groups are lists of the optimizer's parameters"):
+        groups_of(groups=[["0.weight"]])
+    with pytest.raises(ConfigError, match="not both"):
+        groups_of(num_groups=2, groups=2)
+    with pytest.raises(ConfigError, match="groups must be an int >= 0 or a list of lists"):
+        groups_of(groups=[ps[0]])
+    with pytest.raises(ConfigError, match="num_groups must be an int >= 0"):
+        groups_of(num_groups=-1)

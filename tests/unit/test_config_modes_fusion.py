@@ -153,6 +153,30 @@ def test_fusion_threshold_bounds_every_fused_buffer():
     assert Layout.of(arrays).described != layout.described
 
 
+def test_groups_are_fused_apart_and_checked():
+    """A stream's groups (the torch optimizer's num_groups/groups): no buffer mixes two groups,
+    each group is cut per dtype and by the threshold, and the groups are part of the signature."""
+    arrays = [np.arange(n, dtype=d) for n, d in [(4, np.float32), (3, np.float32), (5, np.float64), (2, np.float32),
+                                                 (6, np.float32)]]
+    plain = Layout.of(arrays)
+    grouped = Layout.of(arrays, partition=[[3, 0], [1, 2, 4]])
+    assert [idx for _, idx in plain.groups] == [(0, 1, 3, 4), (2,)]
+    assert [idx for _, idx in grouped.groups] == [(3, 0), (1, 4), (2,)]  # per group, per dtype
+    assert [idx for _, idx in Layout.of(arrays, 20, [[0, 1, 3, 4], [2]]).groups] == [(0,), (1, 3), (4,), (2,)]
+    buffers, _ = grouped.pack(arrays)
+    for back, a in zip(grouped.unpack(buffers), arrays):
+        assert np.array_equal(back, a)
+    assert grouped.described != plain.described
+    assert grouped.described != Layout.of(arrays, partition=[[0, 3], [1, 2, 4]]).described
+    for bad, message in [([[0, 1], [1, 2, 3, 4]], "array 1 is in two groups"),
+                         ([[0, 1], [2, 3]], r"arrays \[4\] are in no group"),
+                         ([[0, 1, 2, 3, 4], []], "a group is empty"),
+                         ([[0, 1, 2, 3, 4, 5]], "index 5 is not one of the 5 arrays"),
+                         ([["a"]], "lists of array indices")]:
+        with pytest.raises(ConfigError, match=message):
+            Layout.of(arrays, partition=bad)
+
+
 def test_fusion_threshold_comes_from_horovod_variable_and_cli(monkeypatch):
     monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "4096")
     assert load_config().fusion_threshold_bytes == 4096
