@@ -34,6 +34,7 @@ def test_solo_and_majority_on_sets_train_apart():
     for rep in result.results.values():
         assert rep["world_sum"] == [6.0]
         assert rep["removed"] == [True, True]
+        assert rep["stopped_by_remove"] == [True, True]  # the set's engine stopped cleanly
         assert rep["after_remove"] == "ProcessSetError"
 
 

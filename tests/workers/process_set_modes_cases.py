@@ -72,7 +72,9 @@ def train() -> dict:
     phase("the global set still works")
     out["world_sum"] = hvd.allreduce(torch.tensor([float(r)]), op=hvd.Sum).tolist()
     phase("remove the sets (their engines stop)")
+    engine = opt._engine()  # this rank's set's engine, to read once removed
     out["removed"] = [hvd.remove_process_set(evens), hvd.remove_process_set(odds)]
+    out["stopped_by_remove"] = [not engine.running, engine.failure is None]
     try:
         hvd.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), mode=hvd.Solo(),
                                  process_set=mine)
