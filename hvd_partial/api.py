@@ -143,7 +143,10 @@ def shutdown() -> None:
             return
         engine, transport = current.engine, current.transport
         try:
-            engine.shutdown()
+            try:
+                current.set_engines.stop_all()  # the process sets' engines first: their members flush them
+            finally:
+                engine.shutdown()
         finally:
             if engine.failure is None:
                 engine.free_stream_comms()
@@ -241,7 +244,13 @@ def grouped_partial_allreduce_async(arrays, name: str, mode: Mode | None = None,
         w, b = hvd.synchronize(handle)[-1].arrays
         hvd.grouped_partial_allreduce_async([w_grad, b_grad], "layer1", groups=[[0], [1]])  # two reductions
     """
-    engine = _require()
+    return post_grouped(_require(), arrays, name, mode, op, max_staleness, groups=groups)
+
+
+def post_grouped(engine: Engine, arrays, name: str, mode: Mode | None, op: ReduceOp,
+                 max_staleness: int | None, *, groups=None) -> Handle:
+    """:func:`grouped_partial_allreduce_async` on ``engine`` (the session's, or a process
+    set's own: :mod:`hvd_partial.collectives.set_engines`)."""
     arrays = list(arrays)
     if not arrays:
         raise UnsupportedInputError("grouped_partial_allreduce_async needs at least one array")

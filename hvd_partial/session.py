@@ -21,6 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from .collectives.set_engines import SetEngines
 from .config import Config
 from .errors import NotInitializedError
 
@@ -48,6 +49,9 @@ class Session:
     - ``layouts``: per stream name, the shapes and dtypes of its last post,
       their :class:`~hvd_partial.core.fusion.Layout` and its groups (reused while they match:
       a layout derives its buckets and offsets once).
+    - ``set_engines``: the process sets' own engines (solo and majority among a
+      set's members), started on first use, stopped by ``remove_process_set``
+      and ``shutdown()`` (:class:`~hvd_partial.collectives.set_engines.SetEngines`).
     - ``adapters``: state of other per-session users (the helper collectives'
       names), by name, made on first use by :meth:`adapter_state`.
     - then the framework adapters' state: one typed field per adapter.
@@ -64,6 +68,8 @@ class Session:
     signatures: dict[str, tuple[StreamSignature, int, tuple]] = field(default_factory=dict)
     pack_pools: dict[str, BufferPool] = field(default_factory=dict)
     layouts: dict[str, tuple[tuple, Layout, list | None]] = field(default_factory=dict)  # name -> (shapes, layout, groups)
+    # -- the process sets' own engines (they own their locks)
+    set_engines: SetEngines = field(default_factory=SetEngines)
     # -- other users' state by name, made on first use (adapter_state): the helper collectives' names
     adapters: dict[str, Any] = field(default_factory=dict)
     # -- framework adapters' state: one typed field per adapter, None until the adapter first runs

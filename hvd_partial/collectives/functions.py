@@ -416,7 +416,8 @@ def barrier(process_set=global_process_set) -> None:
 def run_process_set_request(action: str, args: tuple, what: str):
     """Add or remove a process set on every rank (collective: the negotiation
     orders it among the helper collectives; the engine makes or frees the set's
-    communicator). Returns the new set's id, or whether a set was removed."""
+    communicator). Returns ``(the new set's id, its engine's communicator or None on
+    a rank outside it)``, or whether a set was removed."""
     from .process_sets import ADD
 
     current = session.require()
@@ -425,7 +426,7 @@ def run_process_set_request(action: str, args: tuple, what: str):
     result = session.wait(_submit(kinds.PROCESS_SET, None, (("action", action), (field, args)), None, [],
                                   counter=f"process_set.{action}"))
     if action == ADD:
-        names.restart_set(result)
+        names.restart_set(result[0])
     return result
 
 

@@ -415,8 +415,9 @@ class Negotiator:
                 return
             set_id = next(i for i in range(1, len(self._sets) + 2) if i not in self._sets)
             comm = self._channel.split(self.rank in ranks)
-            self._sets[set_id] = (list(ranks), None if comm is None else self._channel.on(comm))
-            value = set_id
+            channel = None if comm is None else self._channel.on(comm)
+            self._sets[set_id] = (list(ranks), channel)
+            value = (set_id, None if channel is None else channel.engine_comm)
         else:
             removed = self._sets.pop(fields["process_set_id"][0], None)
             if removed is not None and removed[1] is not None:

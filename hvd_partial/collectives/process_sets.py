@@ -19,6 +19,9 @@ some ranks only.
   ``splits`` has one entry per member; results are ordered by set rank.
   A rank outside the set that calls a collective on it gets a
   ``ProcessSetError`` naming the rank and the set.
+- Solo and majority streams on a set (PyTorch's ``DistributedOptimizer(...,
+  process_set=s, mode=Solo())``) run on the set's own engine, a world of the
+  set's members (:mod:`.set_engines`); ``remove_process_set`` stops it first.
 - Elastic training: a set belongs to the world it was added in. When the
   world changes (a shrink or a grow), every set is dropped; passing one
   raises ``ProcessSetError`` saying so, and the program adds its sets again

@@ -38,7 +38,8 @@ def add_process_set(process_set) -> ProcessSet:
     if len(ranks) == size:
         raise ProcessSetError(f"rank {rank}: {what}: a duplicate of the global process set (every rank); use "
                               "hvd.global_process_set")
-    set_id = run_process_set_request(ADD, tuple(ranks), what)
+    set_id, engine_comm = run_process_set_request(ADD, tuple(ranks), what)
+    current.set_engines.adopt(set_id, engine_comm)
     process_set.adopt(set_id, current.engine)
     return process_set
 
@@ -59,6 +60,7 @@ def remove_process_set(process_set) -> bool:
     process_set.process_set_id = None
     if dropped(current, process_set):
         return False
+    current.set_engines.stop(set_id)  # its members flush and stop the set's engine, if it has one
     return bool(run_process_set_request(REMOVE, (set_id,), f"remove_process_set({process_set})"))
 
 

@@ -91,6 +91,9 @@ class Engine:
         # Called on the compute thread after it waited in a call that needs every rank: adapters apply
         # there the rounds completed meanwhile, before the rank computes again (docs/design.md, "Parked ranks").
         self.unpark_listeners: list = []
+        # The other engines of this process (the session's and its process sets' own, see
+        # collectives/set_engines.py): a wait here parks their streams too, as it parks this one's.
+        self.companions = lambda: ()
         # -- the calls compute threads wait on: posts, flushes and helpers in progress
         self._calls: set[Handle] = set()
         # -- the parts, each built from those before it. They reach the engine only through
@@ -165,16 +168,21 @@ class Engine:
 
     def wait(self, handle: Handle):
         """Block until ``handle`` is done; raise the engine's failure if any.
-        Waiting on a call that needs every rank parks this rank meanwhile."""
+        Waiting on a call that needs every rank parks this rank meanwhile, on this
+        engine's streams and on its companions' (a process set's engine's)."""
         if not handle.parks or handle.done():
             return self._wait(handle)
-        self._intake.submit(ParkCommand(+1))
+        engines = [self, *self.companions()]
+        for engine in engines:
+            engine._intake.submit(ParkCommand(+1))
         try:
             value = self._wait(handle)
         finally:
-            self._intake.submit(ParkCommand(-1))
-        for listener in list(self.unpark_listeners):
-            listener()
+            for engine in engines:
+                engine._intake.submit(ParkCommand(-1))
+        for engine in engines:
+            for listener in list(engine.unpark_listeners):
+                listener()
         return value
 
     def _wait(self, handle: Handle):

@@ -38,6 +38,7 @@ import torch
 
 import hvd_partial as _core
 from .. import session as _session
+from ..api import post_grouped
 from ..collectives.process_sets import check_process_set, global_process_set
 from ..core.round_result import RoundResult
 from ..errors import ConfigError, HvdPartialError, MismatchError, UnsupportedInputError
@@ -128,11 +129,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
       an MPI reduction of other buffer sizes may add in another order).
       ``ConfigError`` for a parameter in two groups or not of ``optimizer``.
     - ``process_set``: ``global_process_set``, or a set added with
-      ``add_process_set``: then Horovod's synchronous optimizer among its ranks
-      (:mod:`hvd_partial.torch.set_optimizer`; solo and majority are refused).
+      ``add_process_set``: with ``mode`` left out or ``Sync()``, Horovod's
+      synchronous optimizer among its ranks (:mod:`hvd_partial.torch.set_optimizer`);
+      with ``Solo()`` or ``Majority(...)``, this optimizer on the set's own
+      engine (:mod:`hvd_partial.collectives.set_engines`): rounds, staleness and
+      quorum among the set's members only. A rank outside the set steps with
+      its own gradients, as in Horovod.
     - ``name``: the stream's name; by default the n-th wrapped optimizer of the
       process is ``torch.DistributedOptimizer.n`` (wrap in the same order on
-      every rank).
+      every rank), and the n-th on a process set ``torch.DistributedOptimizer.set<id>.n``
+      (wrap in the same order on its members).
 
     Parameters with ``requires_grad=False`` when wrapped are left out. A
     parameter without a gradient in a step contributes zeros (as in Horovod),
@@ -202,7 +208,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._backward_passes = backward_passes_per_step
         self._max_staleness = max_staleness
         self._sparse_as_dense = bool(sparse_as_dense)
-        self._name = name or f"torch.DistributedOptimizer.{next(_wrapped_count)}"
+        # The engine the stream runs on: the session's, or a process set's own (members only).
+        self._process_set = None if process_set.process_set_id == 0 else process_set
+        if self._process_set is None:
+            self._name = name or f"torch.DistributedOptimizer.{next(_wrapped_count)}"
+        else:
+            set_engines = _session.require().set_engines
+            set_engines.engine(process_set, _session.require())  # started here: collective over its members
+            set_id = process_set.process_set_id
+            self._name = name or f"torch.DistributedOptimizer.set{set_id}.{set_engines.next_name(set_id)}"
         self._named = None if named_parameters is None else list(named_parameters)
         self._queue: deque[RoundResult] = deque()
         self._synchronized = False
@@ -388,11 +402,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 arrays.append(self._carried.encode())  # last: ParameterGradients.load zips the others with params
                 # num_groups/groups: each group fused apart, every group in every round of the one stream
                 groups = post_groups(self._groups, self._grads.dense_indices(), 1)
-                handle = _core.grouped_partial_allreduce_async(arrays, self._name, mode=self._mode, op=self._op,
-                                                               max_staleness=self._max_staleness, groups=groups)
-                results = _core.synchronize(handle)
+                engine = self._engine()
+                results = engine.wait(post_grouped(engine, arrays, self._name, self._mode, self._op,
+                                                   self._max_staleness, groups=groups))
         except MismatchError as err:
-            raise explain_mismatch(self._grads, self._name, err) from err
+            raise explain_mismatch(self._grads, self._name, err, self._process_set) from err
         results = self._parked_rounds + results
         self._parked_rounds = []
         self._grads.reduce_sparse(self._op)
@@ -449,9 +463,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "(overlap_backward) but before optimizer.step(): call step() first")
         self._busy = True
         try:
-            results = self._overlap.flush() if self._overlap is not None else _core.flush(self._name)
+            if self._overlap is not None:
+                results = self._overlap.flush()
+            else:
+                engine = self._engine()
+                results = engine.wait(engine.submit_flush(self._name))
         except MismatchError as err:
-            raise explain_mismatch(self._grads, self._name, err) from err
+            raise explain_mismatch(self._grads, self._name, err, self._process_set) from err
         finally:
             self._busy = False
         results = self._parked_rounds + results
@@ -518,6 +536,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def stats(self) -> dict:
         """This stream's participation report (see ``hvd_partial.stats``)."""
+        if self._process_set is not None:
+            return self._engine().stats.snapshot().get(self._name, {})
         return _core.stats().get(self._name, {})
 
     def close(self) -> None:
@@ -539,10 +559,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     # ===== internals ================================================================================
 
+    def _engine(self):
+        """The engine this optimizer's stream runs on: the session's, or its process set's own."""
+        current = _session.require()
+        if self._process_set is None:
+            return current.engine
+        return current.set_engines.engine(self._process_set, current)
+
     def _listen_for_unpark(self) -> None:
         if self._mode.kind == "sync":
             return
-        engine = _session.require().engine
+        engine = self._engine()
         if self._listening_to is not None and self._listening_to() is engine:
             return
         self._listening_to = weakref.ref(engine)
@@ -566,7 +593,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         there they are applied at the next ``step()``, before its own rounds."""
         if self._busy or not self._posted:
             return
-        self._parked_rounds.extend(_core.take(self._name))
+        engine = self._engine()
+        self._parked_rounds.extend(engine.wait(engine.submit_take(self._name)))
         if not self._parked_rounds or self._synchronized or torch.is_grad_enabled():
             return
         results, self._parked_rounds = self._parked_rounds, []
@@ -689,25 +717,27 @@ def parameter_groups(spec, optimizer: torch.optim.Optimizer, grads: ParameterGra
     return out
 
 
-def explain_mismatch(grads: ParameterGradients, stream: str, err: MismatchError) -> MismatchError:
-    """Every rank got ``err`` (the stream was rejected everywhere): compare the
-    parameters across ranks to say which one differs."""
+def explain_mismatch(grads: ParameterGradients, stream: str, err: MismatchError, process_set=None) -> MismatchError:
+    """Every rank (of ``process_set``, None: the global set) got ``err`` (the stream was
+    rejected everywhere): compare the parameters across ranks to say which one differs."""
     mine = grads.describe()
     try:
-        everyone = _core.allgather_object(mine)
+        everyone = _core.allgather_object(mine, process_set=process_set or global_process_set)
     except HvdPartialError:
         return err
+    ranks = process_set.ranks if process_set is not None else range(len(everyone))
     problems = []
-    for rank, theirs in enumerate(everyone):
-        if rank == 0 or theirs == everyone[0]:
+    first = ranks[0]
+    for rank, theirs in zip(ranks, everyone):
+        if rank == first or theirs == everyone[0]:
             continue
         if len(theirs) != len(everyone[0]):
-            problems.append(f"rank {rank} has {len(theirs)} parameters with gradients, rank 0 has "
+            problems.append(f"rank {rank} has {len(theirs)} parameters with gradients, rank {first} has "
                             f"{len(everyone[0])}")
             continue
         for a, b in zip(theirs, everyone[0]):
             if a != b:
-                problems.append(f"rank {rank} has parameter {a[0]!r} {a[1]} {a[2]} where rank 0 has "
+                problems.append(f"rank {rank} has parameter {a[0]!r} {a[1]} {a[2]} where rank {first} has "
                                 f"{b[0]!r} {b[1]} {b[2]}")
                 break
     if not problems:

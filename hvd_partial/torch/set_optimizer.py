@@ -1,13 +1,19 @@
 """``DistributedOptimizer(..., process_set=s)`` for a set other than the global
-one: Horovod's synchronous optimizer among the set's ranks.
+one.
 
-Partial rounds (solo, majority) run on streams of every rank, so a process
-set's optimizer is synchronous: ``mode`` left out (or ``Sync()``) reduces the
-gradients among the set's members with one negotiated grouped allreduce per
-``step()`` (sparse gradients are allgathered as Horovod does, unless
-``sparse_as_dense``); ``mode=Solo()`` or ``Majority(...)`` raises
-``NotSupportedError`` naming the mode. As in Horovod, a rank outside the set
-steps with its own gradients, without communicating.
+- ``mode`` left out (or ``Sync()``): Horovod's synchronous optimizer among the
+  set's ranks (:class:`SetOptimizer`): one negotiated grouped allreduce of the
+  gradients among the set's members per ``step()`` (sparse gradients are
+  allgathered as Horovod does, unless ``sparse_as_dense``).
+- ``mode=Solo()`` or ``Majority(...)``: on the set's members, the partial
+  :class:`~hvd_partial.torch.optimizer.DistributedOptimizer` itself, its stream
+  on the set's own engine (:mod:`hvd_partial.collectives.set_engines`): the
+  set is a world of its own, with its own rounds, staleness and quorum.
+  Building it is collective over the set's members (the first one on a set
+  starts the set's engine).
+
+As in Horovod, a rank outside the set steps with its own gradients, without
+communicating (a :class:`SetOptimizer` whose ``flush()`` has nothing to do).
 
 Example::
 
@@ -15,6 +21,8 @@ Example::
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), process_set=evens)
     loss.backward()
     opt.step()   # evens: the evens' average gradient; odds: their own
+    solo = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), process_set=evens,
+                                    mode=hvd.Solo())
 """
 
 from __future__ import annotations
@@ -25,37 +33,39 @@ import inspect
 import torch
 
 from ..collectives.process_sets import ProcessSet, check_added, global_process_set
-from ..errors import ConfigError, NotSupportedError, UnsupportedInputError
-from ..modes import Average, ReduceOp, Sync
+from ..errors import ConfigError, UnsupportedInputError
+from ..modes import Average, Mode, ReduceOp, Sync
 from .compression import Compression
 from .mpi_ops import grouped_allreduce_async, sparse_allreduce_async, synchronize
 
 
 def new_optimizer(cls, *args, **kwargs):
     """``DistributedOptimizer.__new__``: a :class:`SetOptimizer` where ``process_set``
-    is a set other than the global one, else a new ``cls``."""
+    is a set other than the global one (unless this rank is a member and ``mode``
+    is solo or majority), else a new ``cls``."""
     bound = inspect.signature(cls.__init__).bind(None, *args, **kwargs)
     process_set = bound.arguments.get("process_set", global_process_set)
     if not isinstance(process_set, ProcessSet) or process_set.process_set_id == 0:
         return torch.optim.Optimizer.__new__(cls)
+    mode = bound.arguments.get("mode")
+    if isinstance(mode, Mode) and not isinstance(mode, Sync):
+        check_added(process_set, "DistributedOptimizer")
+        if process_set.included():  # the partial optimizer, on the set's own engine
+            return torch.optim.Optimizer.__new__(cls)
     arguments = dict(bound.arguments)
     arguments.pop(next(iter(arguments)))  # self
     return SetOptimizer(**arguments)
 
 
 class SetOptimizer(torch.optim.Optimizer):
-    """Horovod's synchronous ``DistributedOptimizer`` among a process set's ranks
-    (see the module docstring). It shares the wrapped optimizer's
-    ``param_groups`` and ``state``."""
+    """Horovod's synchronous ``DistributedOptimizer`` among a process set's ranks,
+    and every optimizer of a rank outside its set (see the module docstring). It
+    shares the wrapped optimizer's ``param_groups`` and ``state``."""
 
     def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
                  backward_passes_per_step: int = 1, op: ReduceOp = Average, gradient_predivide_factor: float = 1.0,
                  num_groups: int = 0, groups=None, sparse_as_dense: bool = False, process_set=global_process_set,
                  *, mode=None, max_staleness: int | None = None, name: str | None = None):
-        if mode is not None and not isinstance(mode, Sync):
-            raise NotSupportedError(
-                f"DistributedOptimizer(mode={mode}, process_set={process_set}): solo and majority rounds run "
-                "among every rank; on a process set the optimizer is synchronous: leave mode out or pass hvd.Sync()")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
@@ -71,7 +81,7 @@ class SetOptimizer(torch.optim.Optimizer):
         self._sparse_as_dense = bool(sparse_as_dense)
         self._synchronized = False
         self._should_sync = True
-        self._mode = Sync()
+        self._mode = mode if isinstance(mode, Mode) else Sync()  # solo, majority: a rank outside the set
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -132,6 +142,10 @@ class SetOptimizer(torch.optim.Optimizer):
         finally:
             self._should_sync = True
 
+    def flush(self) -> list:
+        """Nothing is pending (Horovod's synchronous steps; a rank outside the set keeps its own)."""
+        return []
+
     def step(self, closure=None):
         loss = None
         if closure is not None:
@@ -165,4 +179,5 @@ class SetOptimizer(torch.optim.Optimizer):
         return getattr(inner, attr)
 
     def __repr__(self) -> str:
-        return f"DistributedOptimizer({self._inner.__class__.__name__}, mode=Sync(), process_set={self.process_set})"
+        return (f"DistributedOptimizer({self._inner.__class__.__name__}, mode={self._mode}, "
+                f"process_set={self.process_set})")

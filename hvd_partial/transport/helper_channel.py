@@ -35,6 +35,9 @@ class HelperChannel:
         self.size = comm.Get_size()
         self.doorbell = doorbell
         self.count_parts = False  # elastic training: collectives check that every rank's part arrived
+        # A process set's channel: a second duplicate of the set's communicator, the world of the
+        # set's own engine (solo and majority among its members; hvd_partial.collectives.set_engines)
+        self.engine_comm = None
         self._sends: list = []
         self._wake_buffer = np.zeros(1, dtype=np.int64)
 
@@ -112,24 +115,29 @@ class HelperChannel:
         return None if comm == MPI.COMM_NULL else comm
 
     def on(self, comm) -> "HelperChannel":
-        """A channel for the data collectives of a process set on ``comm`` (no wake-ups)."""
+        """A channel for the data collectives of a process set on ``comm`` (no wake-ups), with
+        ``engine_comm``, a duplicate of ``comm`` for the set's own engine (collective over the set)."""
         channel = HelperChannel(comm, None, self._wake_tag - TAG_WAKE)
         channel.count_parts = self.count_parts
+        channel.engine_comm = comm.Dup()
         return channel
 
     def free(self) -> None:
-        """Free this channel's communicator (a process set removed, on every member)."""
+        """Free this channel's communicators (a process set removed, on every member)."""
+        if self.engine_comm is not None:
+            self.engine_comm.Free()
         self.comm.Free()
 
     def abandon(self) -> None:
-        """The world changed (elastic training): revoke the communicator where MPI can, so that
-        nothing pending on it waits for a rank that is gone; it is never used again."""
-        revoke = getattr(self.comm, "Revoke", None)
-        try:
-            if revoke is not None and not self.comm.Is_revoked():
-                revoke()
-        except (MPI.Exception, NotImplementedError, AttributeError):  # an MPI without ULFM
-            pass
+        """The world changed (elastic training): revoke the communicators where MPI can, so that
+        nothing pending on them waits for a rank that is gone; they are never used again."""
+        for comm in filter(None, (self.comm, self.engine_comm)):
+            revoke = getattr(comm, "Revoke", None)
+            try:
+                if revoke is not None and not comm.Is_revoked():
+                    revoke()
+            except (MPI.Exception, NotImplementedError, AttributeError):  # an MPI without ULFM
+                pass
 
     def communicator_handle(self) -> int:
         """The communicator's MPI handle (for checks that no new one appears)."""

@@ -106,7 +106,11 @@ class MpiTransport:
     """Point-to-point control messages and nonblocking collectives over MPI: the
     engine's :class:`~hvd_partial.transport.protocol.Transport`."""
 
-    def __init__(self, comm=None, doorbell: bool = True, quorum_counters: bool = False, elastic: bool = False):
+    def __init__(self, comm=None, doorbell: bool = True, quorum_counters: bool = False, elastic: bool = False,
+                 own_comms: bool = False):
+        """``own_comms``: this transport's control communicator is a duplicate of its own, freed
+        with it, and it has no helper communicator (a process set's engine: see
+        :mod:`hvd_partial.collectives.set_engines`); else both outlive it (see ``_KEPT_COMMS``)."""
         comm = MPI.COMM_WORLD if comm is None else comm
         check_communicator(comm)
         level = MPI.Query_thread()
@@ -122,8 +126,13 @@ class MpiTransport:
         self.user_comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        self.control, self.helpers = _session_comms(comm)
-        self.tag_base = _TAG_BASE + (_agree_on_session(self.control) % _SESSION_SLOTS) * _TAG_SPAN
+        self.own_comms = own_comms
+        if own_comms:  # a new context: no message of an earlier session can reach it
+            self.control, self.helpers = comm.Dup(), None
+            self.tag_base = _TAG_BASE
+        else:
+            self.control, self.helpers = _session_comms(comm)
+            self.tag_base = _TAG_BASE + (_agree_on_session(self.control) % _SESSION_SLOTS) * _TAG_SPAN
         self.factory = comm.Dup()
         # Elastic training: every rank's (host, process id), so that a rank that stops
         # answering on this host can be ended (a stopped process would block the shrink).
@@ -351,9 +360,11 @@ class MpiTransport:
         self.retain_unfinished_sends()
         if self.failed_over:  # the survivors' communicators are dropped with the session
             return
-        try:  # only the factory and the window: control and helpers are kept for the next session
+        try:  # the factory and the window (and an own control): a shared control and helpers are kept
             if self.quorum_window is not None:
                 self.quorum_window.free()
             self.factory.Free()
+            if self.own_comms:
+                self.control.Free()
         except MPI.Exception:  # pragma: no cover - freeing after a failure
             pass

@@ -116,7 +116,7 @@ def test_optimizer_state_broadcast_without_gradients_and_horovods_arguments():
         assert rep["state_steps"] == [1.0]
         assert len(rep["warning"]) == 1 and "skip_synchronize" in rep["warning"][0]
         assert rep["refused"] == {"adasum": "UnsupportedInputError", "predivide_sum": "ConfigError",
-                                  "process_set": "ProcessSetError", "solo_on_set": "NotSupportedError"}
+                                  "process_set": "ProcessSetError", "solo_on_removed_set": "ProcessSetError"}
     assert result.results[0]["fingerprint"] == result.results[1]["fingerprint"]
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from support import case, phase, report, run_case
 
 import hvd_partial as hvd
-from hvd_partial import faults
+from hvd_partial import faults, session
 
 STEPS = 16
 
@@ -115,6 +115,12 @@ def process_sets_dropped(_token, victim):
     hvd.init(elastic=True)
     me = hvd.rank()
     pair = hvd.add_process_set([0, 1])
+    current = session.require()
+    try:  # what a solo or majority optimizer on the set asks first: its engine (refused with elastic)
+        current.set_engines.engine(pair, current)
+        solo_refused = None
+    except hvd.HvdPartialError as err:
+        solo_refused = type(err).__name__
     if me == victim:
         faults.at("helper_started", lambda n: os._exit(1))
     for name in ("metric", "metric2"):
@@ -130,7 +136,8 @@ def process_sets_dropped(_token, victim):
         dropped = str(err)
     again = hvd.add_process_set([0, 1])
     pair_sum = hvd.allreduce(np.ones(1), op=hvd.Sum, process_set=again).tolist() if again.included() else None
-    report({"dropped": dropped, "again": again.process_set_id, "pair_sum": pair_sum, "size": hvd.size()})
+    report({"dropped": dropped, "again": again.process_set_id, "pair_sum": pair_sum, "size": hvd.size(),
+            "solo_refused": solo_refused})
     _leave()
 
 

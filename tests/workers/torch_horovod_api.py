@@ -203,9 +203,10 @@ def optimizer() -> dict:
     for what, kwargs in {"adasum": {"op": hvd.Adasum}, "predivide_sum": {"op": hvd.Sum,
                                                                           "gradient_predivide_factor": 2.0},
                          "process_set": {"process_set": hvd.ProcessSet([0])},
-                         "solo_on_set": {"process_set": "added", "mode": hvd.Solo()}}.items():
-        if kwargs.get("process_set") == "added":
+                         "solo_on_removed_set": {"process_set": "removed", "mode": hvd.Solo()}}.items():
+        if kwargs.get("process_set") == "removed":
             kwargs["process_set"] = hvd.add_process_set([0])
+            hvd.remove_process_set(kwargs["process_set"])
         try:
             hvd.DistributedOptimizer(torch.optim.SGD(make_model(0).parameters(), lr=0.1), **kwargs)
             refused[what] = None
