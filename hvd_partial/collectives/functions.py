@@ -418,14 +418,13 @@ def run_process_set_request(action: str, args: tuple, what: str):
     orders it among the helper collectives; the engine makes or frees the set's
     communicator). Returns ``(the new set's id, its engine's communicator or None on
     a rank outside it)``, or whether a set was removed."""
-    from .process_sets import ADD
 
     current = session.require()
     names = current.adapter_state("collectives", _Names)
-    field = "ranks" if action == ADD else "process_set_id"
+    field = "ranks" if action == kinds.ADD else "process_set_id"
     result = session.wait(_submit(kinds.PROCESS_SET, None, (("action", action), (field, args)), None, [],
                                   counter=f"process_set.{action}"))
-    if action == ADD:
+    if action == kinds.ADD:
         names.restart_set(result[0])
     return result
 

@@ -400,12 +400,10 @@ class Negotiator:
     def _change_sets(self, key: tuple, entry: _Entry) -> None:
         """Add or remove a process set, at the same point on every rank (a split of the
         helper communicator, or the set's communicator freed)."""
-        from .process_sets import ADD
-
         # (taken only once done: a failure in the split, elastic training, leaves it for abandon())
         request = self._mine.get(key)
         fields = dict(entry.sigs[min(entry.sigs)])
-        if fields["action"] == ADD:
+        if fields["action"] == kinds.ADD:
             ranks = tuple(fields["ranks"])
             clash = [i for i, (members, _) in self._sets.items() if tuple(members) == ranks]
             if clash or len(ranks) == self.size:

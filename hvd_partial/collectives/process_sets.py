@@ -42,11 +42,6 @@ import weakref
 from .. import session
 from ..errors import NotSupportedError, ProcessSetError
 
-# What add_process_set and remove_process_set ask the negotiation (the engine
-# runs them, in the same order on every rank, see negotiator.py).
-ADD = "add"
-REMOVE = "remove"
-
 
 class ProcessSet:
     """A set of ranks (Horovod's ``hvd.ProcessSet``): pass it to
@@ -140,6 +135,15 @@ def dropped(current, ps: ProcessSet) -> bool:
     owner = ps._engine
     engine = current.engine
     return owner is None or owner[0]() is not engine or owner[1] != engine.world.version
+
+
+def set_engine(process_set):
+    """The engine of ``process_set``'s own solo and majority streams on this rank (a
+    member), started on first use: collective over the set's members
+    (:mod:`.set_engines`)."""
+    set_id, _ = resolve(process_set, "a solo or majority stream on a process set")
+    current = session.require()
+    return current.set_engines.engine(set_id, str(process_set), current)
 
 
 def resolve(process_set, what: str) -> tuple[int, list[int] | None]:

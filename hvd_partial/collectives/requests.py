@@ -23,6 +23,10 @@ BARRIER = "barrier"
 JOIN = "join"
 # Adding or removing a process set (on every rank, in negotiation order).
 PROCESS_SET = "process_set"
+# What a PROCESS_SET request asks (add_process_set, remove_process_set); the engine
+# runs them in the same order on every rank (negotiator.py).
+ADD = "add"
+REMOVE = "remove"
 # Not a collective: ``finish(None)`` runs on the engine thread at submission
 # (how compute threads change what only the engine thread touches).
 LOCAL = "local"

@@ -11,7 +11,8 @@ from __future__ import annotations
 from .. import session
 from ..errors import ProcessSetError
 from .functions import run_process_set_request
-from .process_sets import ADD, REMOVE, ProcessSet, dropped
+from .process_sets import ProcessSet, dropped
+from .requests import ADD, REMOVE
 
 
 def add_process_set(process_set) -> ProcessSet:

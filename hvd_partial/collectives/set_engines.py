@@ -31,7 +31,7 @@ is the only owner of the set engines:
 
 Example::
 
-    engine = session.require().set_engines.engine(evens, session.require())   # members of evens only
+    engine = process_sets.set_engine(evens)   # members of evens only
     session.require().set_engines.stop(evens.process_set_id)
 """
 
@@ -61,19 +61,17 @@ class SetEngines:
             if comm is not None:
                 self._comms[set_id] = comm
 
-    def engine(self, process_set, current):
-        """The engine of ``process_set`` (added, this rank a member), started on first use
-        (``current``: the session)."""
-        from .process_sets import resolve
-
-        set_id, _ = resolve(process_set, "a solo or majority stream on a process set")
+    def engine(self, set_id: int, label: str, current):
+        """The engine of set ``set_id`` (``label``: the set, for errors), started on first
+        use (``current``: the session). The caller checked that the set is added and this
+        rank a member (:func:`hvd_partial.collectives.process_sets.set_engine`)."""
         with self._lock:
             started = self._engines.get(set_id)
             if started is not None:
                 return started[0]
             comm = self._comms.get(set_id)
             if comm is None:  # added in an earlier session or world (resolve checked this rank is a member)
-                raise ProcessSetError(f"{process_set} has no engine communicator on this rank; add it again")
+                raise ProcessSetError(f"{label} has no engine communicator on this rank; add it again")
             self._engines[set_id] = started = _start(comm, current.config, set_id)
             # A wait on any engine of this process parks the streams of all (docs/design.md, "Parked ranks").
             session_engine = current.engine

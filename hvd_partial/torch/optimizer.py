@@ -39,12 +39,13 @@ import torch
 import hvd_partial as _core
 from .. import session as _session
 from ..api import post_grouped
-from ..collectives.process_sets import check_process_set, global_process_set
+from ..collectives.process_sets import check_process_set, global_process_set, set_engine
 from ..core.round_result import RoundResult
 from ..errors import ConfigError, HvdPartialError, MismatchError, UnsupportedInputError
 from ..modes import Mode, ReduceOp
 from .backward_buckets import BackwardBuckets, post_groups
 from .compression import Compression
+from .wrapped_optimizer import WrappedOptimizer
 from .parameter_grads import ParameterGradients, rank_label
 from .round_hyperparameters import RoundHyperparameters
 from .set_optimizer import new_optimizer
@@ -93,7 +94,7 @@ class _PassCounter:
         self.counts.clear()
 
 
-class DistributedOptimizer(torch.optim.Optimizer):
+class DistributedOptimizer(WrappedOptimizer):
     """Wrap ``optimizer`` so that ``step()`` reduces gradients across ranks with
     a partial (or synchronous) allreduce and applies every round's result.
 
@@ -214,7 +215,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._name = name or f"torch.DistributedOptimizer.{next(_wrapped_count)}"
         else:
             set_engines = _session.require().set_engines
-            set_engines.engine(process_set, _session.require())  # started here: collective over its members
+            set_engine(process_set)  # started here: collective over its members
             set_id = process_set.process_set_id
             self._name = name or f"torch.DistributedOptimizer.set{set_id}.{set_engines.next_name(set_id)}"
         self._named = None if named_parameters is None else list(named_parameters)
@@ -267,23 +268,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
     # ===== Horovod's interface ============================================================
 
     @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        """The wrapped optimizer (it shares ``param_groups`` and ``state`` with this wrapper)."""
-        return self._inner
-
-    @property
-    def param_groups(self):
-        return self._inner.param_groups
-
-    @property
-    def state(self):
-        return self._inner.state
-
-    @property
-    def defaults(self):
-        return self._inner.defaults
-
-    @property
     def _step_supports_amp_scaling(self) -> bool:
         # torch.amp.GradScaler.step() reads this: True makes it hand its scale to step() (which
         # refuses it in solo and majority); False (sync) makes it unscale and skip steps itself.
@@ -293,10 +277,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def name(self) -> str:
         """The stream's name (identical on every rank)."""
         return self._name
-
-    @property
-    def mode(self) -> Mode:
-        return self._mode
 
     @property
     def rounds(self) -> int:
@@ -546,14 +526,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
             handle.remove()
         self._hook_handles = []
 
-    def __getattr__(self, attr):
-        # Only reached for names this class does not define: let custom
-        # optimizer attributes through.
-        inner = self.__dict__.get("_inner")
-        if inner is None:
-            raise AttributeError(attr)
-        return getattr(inner, attr)
-
     def __repr__(self) -> str:
         return f"DistributedOptimizer({self._inner.__class__.__name__}, mode={self._mode}, stream={self._name!r})"
 
@@ -561,10 +533,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _engine(self):
         """The engine this optimizer's stream runs on: the session's, or its process set's own."""
-        current = _session.require()
         if self._process_set is None:
-            return current.engine
-        return current.set_engines.engine(self._process_set, current)
+            return _session.require().engine
+        return set_engine(self._process_set)
 
     def _listen_for_unpark(self) -> None:
         if self._mode.kind == "sync":

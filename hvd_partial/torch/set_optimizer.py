@@ -36,6 +36,7 @@ from ..collectives.process_sets import ProcessSet, check_added, global_process_s
 from ..errors import ConfigError, UnsupportedInputError
 from ..modes import Average, Mode, ReduceOp, Sync
 from .compression import Compression
+from .wrapped_optimizer import WrappedOptimizer
 from .mpi_ops import grouped_allreduce_async, sparse_allreduce_async, synchronize
 
 
@@ -57,7 +58,7 @@ def new_optimizer(cls, *args, **kwargs):
     return SetOptimizer(**arguments)
 
 
-class SetOptimizer(torch.optim.Optimizer):
+class SetOptimizer(WrappedOptimizer):
     """Horovod's synchronous ``DistributedOptimizer`` among a process set's ranks,
     and every optimizer of a rank outside its set (see the module docstring). It
     shares the wrapped optimizer's ``param_groups`` and ``state``."""
@@ -82,26 +83,6 @@ class SetOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_sync = True
         self._mode = mode if isinstance(mode, Mode) else Sync()  # solo, majority: a rank outside the set
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self._inner
-
-    @property
-    def param_groups(self):
-        return self._inner.param_groups
-
-    @property
-    def state(self):
-        return self._inner.state
-
-    @property
-    def defaults(self):
-        return self._inner.defaults
-
-    @property
-    def mode(self):
-        return self._mode
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._inner.zero_grad(set_to_none=set_to_none)
@@ -171,12 +152,6 @@ class SetOptimizer(torch.optim.Optimizer):
 
     def register_step_post_hook(self, hook):
         return self._inner.register_step_post_hook(hook)
-
-    def __getattr__(self, attr):
-        inner = self.__dict__.get("_inner")
-        if inner is None:
-            raise AttributeError(attr)
-        return getattr(inner, attr)
 
     def __repr__(self) -> str:
         return (f"DistributedOptimizer({self._inner.__class__.__name__}, mode={self._mode}, "
