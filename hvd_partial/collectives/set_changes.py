@@ -11,7 +11,7 @@ from __future__ import annotations
 from .. import session
 from ..errors import ProcessSetError
 from .functions import run_process_set_request
-from .process_sets import ADD, REMOVE, ProcessSet, dropped
+from .process_sets import ADD, REMOVE, ProcessSet, dropped, registry
 
 
 def add_process_set(process_set) -> ProcessSet:
@@ -40,6 +40,7 @@ def add_process_set(process_set) -> ProcessSet:
                               "hvd.global_process_set")
     set_id = run_process_set_request(ADD, tuple(ranks), what)
     process_set.adopt(set_id, current.engine)
+    registry()[set_id] = process_set
     return process_set
 
 
@@ -57,6 +58,8 @@ def remove_process_set(process_set) -> bool:
     current = session.require()
     set_id = process_set.process_set_id
     process_set.process_set_id = None
+    if registry().get(set_id) is process_set:
+        del registry()[set_id]
     if dropped(current, process_set):
         return False
     return bool(run_process_set_request(REMOVE, (set_id,), f"remove_process_set({process_set})"))

@@ -24,8 +24,8 @@ import inspect
 
 import torch
 
-from ..collectives.process_sets import ProcessSet, check_added, global_process_set
-from ..errors import ConfigError, NotSupportedError, UnsupportedInputError
+from ..collectives.process_sets import ProcessSet, check_added, global_process_set, require_sync
+from ..errors import ConfigError, UnsupportedInputError
 from ..modes import Average, ReduceOp, Sync
 from .compression import Compression
 from .mpi_ops import grouped_allreduce_async, sparse_allreduce_async, synchronize
@@ -52,10 +52,7 @@ class SetOptimizer(torch.optim.Optimizer):
                  backward_passes_per_step: int = 1, op: ReduceOp = Average, gradient_predivide_factor: float = 1.0,
                  num_groups: int = 0, groups=None, sparse_as_dense: bool = False, process_set=global_process_set,
                  *, mode=None, max_staleness: int | None = None, name: str | None = None):
-        if mode is not None and not isinstance(mode, Sync):
-            raise NotSupportedError(
-                f"DistributedOptimizer(mode={mode}, process_set={process_set}): solo and majority rounds run "
-                "among every rank; on a process set the optimizer is synchronous: leave mode out or pass hvd.Sync()")
+        require_sync(mode, process_set, "DistributedOptimizer")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
