@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import keras
+import tensorflow as tf
 
 from ..errors import NotSupportedError
 from ..modes import Sync
@@ -93,7 +94,8 @@ class PartialDistributedOptimizer(DistributedOptimizer):
 
     def _apply_one(self, grads, variables, values):
         pairs = self.__dict__.get("_local_update") or []
-        grads = list(grads) + [g for g, _ in pairs]
+        # Read inside the round's loop body (graph mode): the inner update must see tensors of its own graph.
+        grads = list(grads) + [tf.nest.map_structure(tf.identity, g, expand_composites=True) for g, _ in pairs]
         variables = list(variables) + [v for _, v in pairs]
         super()._apply_one(grads, variables, values)
 

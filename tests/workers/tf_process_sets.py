@@ -173,6 +173,16 @@ def partial_optimizer(r, size) -> dict:
     out["max_diff"] = max(float(np.max(np.abs(v.numpy() - e))) for v, e in zip(variables, expected))
     kernels = hvd.allgather_object(variables[0].numpy().tolist())
     out["local_kernel_differs"] = kernels[0] != kernels[1]
+    # in model.fit's compiled train step: the shared layer stays identical on every rank, the local one not
+    keras.utils.set_random_seed(3)
+    fitted = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(1)])
+    fitted.compile(optimizer=hvd_keras.PartialDistributedOptimizer(keras.optimizers.Adam(0.01),
+                                                                   local_layers=fitted.layers[0]), loss="mse")
+    xs = np.random.default_rng(r).normal(size=(8, 3)).astype(np.float32)
+    fitted.fit(xs, xs.sum(axis=1, keepdims=True), epochs=1, batch_size=4, verbose=0)
+    weights = hvd.allgather_object([v.numpy().tolist() for v in fitted.trainable_variables])
+    out["fit_shared_equal"] = all(w[2:] == weights[0][2:] for w in weights)
+    out["fit_local_differ"] = weights[0][0] != weights[1][0]
     out["solo"] = _error(lambda: hvd_keras.PartialDistributedOptimizer(
         keras.optimizers.SGD(1.0), local_layers=[model.layers[0]], mode=hvd.Solo()))
     return out
