@@ -237,10 +237,24 @@ NOT_PASSING_KERAS = {
 }
 
 #: Tests of test_tensorflow_process_sets.py that do not pass here, with the reason (docs/horovod-tensorflow.md).
-NOT_PASSING_TENSORFLOW_SETS = {}
+NOT_PASSING_TENSORFLOW_SETS = {
+    **{name: _TF_GPU for name in (
+        "test_horovod_allreduce_gpu_process_sets", "test_horovod_grouped_allreduce_gpu_process_sets",
+        "test_horovod_allgather_gpu_process_sets", "test_horovod_broadcast_gpu_process_sets",
+        "test_horovod_alltoall_gpu_process_sets", "test_horovod_reducescatter_gpu_process_sets")},
+    "test_legacy_DistributedOptimizer_process_sets": ("a TF1 optimizer (tf.compat.v1.train) in a graph: "
+                                                      "hvd_partial's DistributedOptimizer wraps Keras 3 optimizers"),
+    "test_horovod_reducescatter_grad_cpu_process_sets": (
+        "fails in its eager run on the float16 case although the gradient is exact (error 0.0): the test checks "
+        "a float16 error < 1e-8, and numpy 2's promotion rules (NEP 50) round 1e-8 to float16 0.0"),
+}
 
 #: Tests of test_tensorflow2_keras_process_sets.py that do not pass here, with the reason (docs/horovod-tensorflow.md).
-NOT_PASSING_KERAS_SETS = {}
+NOT_PASSING_KERAS_SETS = {
+    "test_process_set_optimizer": _KERAS3 + "an Optimizer subclass built without learning_rate (Keras 2's OptimizerV2 "
+                                            "API); tests/tensorflow/test_tf_process_sets_mpi.py checks the same "
+                                            "optimizer on a set",
+}
 
 NOT_PASSING_BY_FILE = {"torch": NOT_PASSING, "tensorflow": NOT_PASSING_TENSORFLOW, "keras": NOT_PASSING_KERAS,
                        "tensorflow-sets": NOT_PASSING_TENSORFLOW_SETS, "keras-sets": NOT_PASSING_KERAS_SETS}
