@@ -36,8 +36,9 @@ class PartialDistributedOptimizer(DistributedOptimizer):
     ``DistributedOptimizer``'s plus Horovod's ``local_layers`` (a layer or a
     list of layers; their weights are read at every update, so the layers may
     be built later) and ``scale_local_gradients``. ``get_config`` does not
-    hold the local layers (a saved model loads as a ``DistributedOptimizer``
-    description only with ``custom_objects`` naming this class).
+    hold the local layers: a model saved with this optimizer loads (with
+    ``custom_objects`` naming the class) without them; make the optimizer
+    again with ``local_layers`` to go on training.
 
     Example::
 
@@ -98,6 +99,13 @@ class PartialDistributedOptimizer(DistributedOptimizer):
         grads = list(grads) + [tf.nest.map_structure(tf.identity, g, expand_composites=True) for g, _ in pairs]
         variables = list(variables) + [v for _, v in pairs]
         super()._apply_one(grads, variables, values)
+
+    def verify_across_ranks(self, variables=None) -> None:
+        """As ``DistributedOptimizer``'s, leaving out the local layers' weights
+        (their shapes may differ between ranks)."""
+        variables = list(variables if variables is not None else (self.model_variables or []))
+        local_ids = {id(v) for v in self.local_variables()}
+        super().verify_across_ranks([v for v in variables if id(v) not in local_ids])
 
     def get_config(self):
         config = super().get_config()

@@ -93,4 +93,6 @@ def test_partial_distributed_optimizer_keeps_local_layers_local(run):
         assert p["max_diff"] < 1e-6  # local: own gradient / size; shared: the average over every rank
         assert p["local_kernel_differs"]
         assert p["fit_shared_equal"] and p["fit_local_differ"]  # model.fit's compiled step
+        assert p["verify_local_shapes"] == [None, ""]  # local weights may differ in shape
+        assert p["verify_plain"][0] == "MismatchError"
         assert p["solo"][0] == "NotSupportedError" and "Solo()" in p["solo"][1]

@@ -183,6 +183,16 @@ def partial_optimizer(r, size) -> dict:
     weights = hvd.allgather_object([v.numpy().tolist() for v in fitted.trainable_variables])
     out["fit_shared_equal"] = all(w[2:] == weights[0][2:] for w in weights)
     out["fit_local_differ"] = weights[0][0] != weights[1][0]
+    # a local layer of another shape on every rank passes the check that every rank built the same model
+    local_layer, shared_layer = keras.layers.Dense(2 + r), keras.layers.Dense(1)
+    local_layer.build((None, 3))
+    shared_layer.build((None, 3))
+    checked = hvd_keras.PartialDistributedOptimizer(keras.optimizers.SGD(1.0), local_layers=local_layer)
+    checked.build(local_layer.trainable_weights + shared_layer.trainable_weights)
+    out["verify_local_shapes"] = _error(checked.verify_across_ranks)
+    plain = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(1.0), mode=hvd.Sync())
+    plain.build(local_layer.trainable_weights + shared_layer.trainable_weights)
+    out["verify_plain"] = _error(plain.verify_across_ranks)
     out["solo"] = _error(lambda: hvd_keras.PartialDistributedOptimizer(
         keras.optimizers.SGD(1.0), local_layers=[model.layers[0]], mode=hvd.Solo()))
     return out
