@@ -169,6 +169,9 @@ def check_added(process_set: ProcessSet, what: str) -> int:
     if process_set.process_set_id is None:
         raise ProcessSetError(f"rank {rank}: {what}: {process_set} was never added or was removed; call "
                               "hvd.add_process_set first")
+    if process_set._engine is None:
+        raise ProcessSetError(f"rank {rank}: {what}: {process_set} was never added (its process_set_id was not "
+                              "given by hvd.add_process_set)")
     if dropped(current, process_set):
         raise ProcessSetError(
             f"rank {rank}: {what}: {process_set} was dropped: the world changed since it was added (elastic "
@@ -184,3 +187,59 @@ def members_size(ranks: list[int] | None) -> int:
 def check_process_set(process_set, what: str) -> None:
     """Raise unless this rank may run ``what`` on ``process_set`` (see :func:`resolve`)."""
     resolve(process_set, what)
+
+
+def check_usable(process_set, what: str) -> ProcessSet:
+    """The set ``what`` runs on (the global one for None), once it is known to be a
+    set added in this world; ``ProcessSetError`` otherwise. Membership is not
+    checked: a rank outside the set gets its ``ProcessSetError`` from the
+    collective itself (an op that fails when it runs, as in Horovod)."""
+    if process_set is None or process_set is global_process_set:
+        return global_process_set
+    if not isinstance(process_set, ProcessSet):
+        raise ProcessSetError(f"{what}: process_set must be a hvd.ProcessSet, got {process_set!r}")
+    if process_set.process_set_id is None:  # (also before init)
+        raise ProcessSetError(f"{what}: {process_set} was never added or was removed; call hvd.add_process_set "
+                              "first")
+    if not process_set.is_global:
+        check_added(process_set, what)
+    return process_set
+
+
+def require_sync(mode, process_set, what: str) -> None:
+    """Raise ``NotSupportedError`` naming ``mode`` where it is solo or majority and
+    ``process_set`` is a set other than the global one, for the TensorFlow and
+    Keras wrappers: partial rounds on a set run on the set's own engine, which
+    only PyTorch's ``DistributedOptimizer`` uses so far."""
+    if mode is None or getattr(mode, "kind", "sync") == "sync":
+        return
+    if process_set is None or not isinstance(process_set, ProcessSet) or process_set.is_global:
+        return
+    raise NotSupportedError(
+        f"{what}(mode={mode}, process_set={process_set}): solo and majority on a process set are supported by "
+        "PyTorch's DistributedOptimizer only; here the set's gradients are reduced synchronously: leave mode out "
+        "or pass hvd.Sync()")
+
+
+class _Registry:
+    """Per session: the sets added in it, by id (for Horovod's ``process_set_id`` arguments)."""
+
+    def __init__(self):
+        self.sets: dict[int, ProcessSet] = {}
+
+
+def registry() -> dict:
+    """This session's added sets by id (set_changes keeps it)."""
+    return session.require().adapter_state("process_sets", _Registry).sets
+
+
+def by_id(process_set_id, what: str) -> ProcessSet:
+    """The set added in this world under ``process_set_id`` (0: the global one);
+    ``ProcessSetError`` (a ``ValueError``) for an id no set has."""
+    if process_set_id == 0:
+        return global_process_set
+    found = registry().get(process_set_id)
+    if found is None or found.process_set_id != process_set_id or dropped(session.require(), found):
+        raise ProcessSetError(f"rank {session.require().transport.rank}: {what}: no process set has id "
+                              f"{process_set_id} (add one with hvd.add_process_set)")
+    return found

@@ -11,7 +11,7 @@ from __future__ import annotations
 from .. import session
 from ..errors import ProcessSetError
 from .functions import run_process_set_request
-from .process_sets import ProcessSet, dropped
+from .process_sets import ProcessSet, dropped, registry
 from .requests import ADD, REMOVE
 
 
@@ -42,6 +42,7 @@ def add_process_set(process_set) -> ProcessSet:
     set_id, engine_comm = run_process_set_request(ADD, tuple(ranks), what)
     current.set_engines.adopt(set_id, engine_comm)
     process_set.adopt(set_id, current.engine)
+    registry()[set_id] = process_set
     return process_set
 
 
@@ -59,6 +60,8 @@ def remove_process_set(process_set) -> bool:
     current = session.require()
     set_id = process_set.process_set_id
     process_set.process_set_id = None
+    if registry().get(set_id) is process_set:
+        del registry()[set_id]
     if dropped(current, process_set):
         return False
     current.set_engines.stop(set_id)  # its members flush and stop the set's engine, if it has one

@@ -30,6 +30,7 @@ from ..tensorflow import (Compression, ProcessSet, add_process_set, allgather_ob
 from . import callbacks, elastic, fit_hooks  # noqa: E402
 from .functions import allgather, allreduce, broadcast, broadcast_global_variables, reducescatter  # noqa: E402
 from .optimizer import DistributedOptimizer  # noqa: E402
+from .partial_optimizer import PartialDistributedOptimizer  # noqa: E402
 from .saving import load_model  # noqa: E402
 
 # model.fit flushes a DistributedOptimizer at every epoch end (see fit_hooks).
@@ -39,7 +40,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
     "is_homogeneous", "config", "barrier", "stats",
     "Sync", "Solo", "Majority", "Average", "Sum", "Min", "Max", "Product", "Adasum",
-    "DistributedOptimizer", "callbacks", "elastic", "load_model", "Compression",
+    "DistributedOptimizer", "PartialDistributedOptimizer", "callbacks", "elastic", "load_model", "Compression",
     "allreduce", "allgather", "broadcast", "reducescatter", "broadcast_variables", "broadcast_global_variables",
     "broadcast_object", "allgather_object",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",

@@ -39,10 +39,11 @@ import tensorflow as tf  # noqa: E402
 import hvd_partial as _core  # noqa: E402
 from ..errors import ConfigError, MismatchError, UnsupportedInputError  # noqa: E402
 from ..modes import Majority, Mode, ReduceOp, Solo, Sync  # noqa: E402
-from ..tensorflow.basics import global_process_set, require_default, require_global  # noqa: E402
+from ..tensorflow.basics import check_usable, global_process_set, require_default  # noqa: E402
 from ..tensorflow.compression import Compression, Compressor  # noqa: E402
 from ..tensorflow import handoff  # noqa: E402
-from ..tensorflow.exchange import GradientExchange, apply_compiled, graph_builder, rank_label  # noqa: E402
+from ..tensorflow.exchange import (GradientExchange, apply_compiled, graph_builder, rank_label,  # noqa: E402
+                                   set_mode)
 from .accumulation import GradientAccumulation  # noqa: E402
 from .carried_rate import CarriedLearningRate  # noqa: E402
 
@@ -93,10 +94,15 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     - ``name``: the optimizer's name; its stream is ``"keras." + name``
       (``distributed_<inner name>`` by default: create optimizers in the same
       order on every rank).
+    - ``process_set``: Horovod's; a set other than the global one reduces
+      among its members only, synchronously (``mode`` left out means
+      ``Sync()``; solo and majority raise ``NotSupportedError``); a rank
+      outside the set applies its own gradients, as in Horovod.
     - ``device_dense``, ``device_sparse``, ``gradient_predivide_factor``,
-      ``num_groups``, ``groups``, ``process_set``, ``scale_local_gradients``,
+      ``num_groups``, ``groups``, ``scale_local_gradients``,
       ``use_locking``: Horovod's, accepted at their default values only
-      (``ConfigError`` otherwise).
+      (``ConfigError`` otherwise; see ``PartialDistributedOptimizer`` for
+      ``scale_local_gradients``).
 
     Attributes besides Horovod's, to read: ``exchange`` (the stream's
     :class:`~hvd_partial.tensorflow.GradientExchange`: posts, updates, rounds
@@ -130,14 +136,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if kwargs:
             raise ConfigError(
                 f"DistributedOptimizer does not support argument(s) {', '.join(sorted(kwargs))}; supported: Horovod's "
-                "(name, compression, sparse_as_dense, op, backward_passes_per_step, average_aggregated_gradients; "
-                "device_dense, device_sparse, gradient_predivide_factor, num_groups, groups, process_set, "
+                "(name, compression, sparse_as_dense, op, backward_passes_per_step, average_aggregated_gradients, "
+                "process_set; device_dense, device_sparse, gradient_predivide_factor, num_groups, groups, "
                 "scale_local_gradients and use_locking at their defaults) and mode, max_staleness")
         require_default("DistributedOptimizer", device_dense=(device_dense, ""), device_sparse=(device_sparse, ""),
                         gradient_predivide_factor=(gradient_predivide_factor, 1.0), num_groups=(num_groups, 0),
                         groups=(groups, None), scale_local_gradients=(scale_local_gradients, True),
                         use_locking=(use_locking, False))
-        require_global(process_set, "DistributedOptimizer")
+        process_set = check_usable(process_set, "DistributedOptimizer")
         if isinstance(optimizer, DistributedOptimizer):
             raise UnsupportedInputError("the optimizer is already a DistributedOptimizer; wrap it only once")
         if not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -145,6 +151,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 f"DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers.*), got "
                 f"{type(optimizer).__module__}.{type(optimizer).__name__}; for tf.keras 2 / tf_keras optimizers "
                 "use hvd_partial.tensorflow.DistributedGradientTape")
+        mode = set_mode(mode, process_set, "DistributedOptimizer")
         mode = _core.default_mode() if mode is None else mode
         if not isinstance(mode, Mode):
             raise TypeError(f"mode must be hvd_partial.Sync(), Solo() or Majority(...), got {mode!r}")
@@ -162,7 +169,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
         #: The stream's :class:`~hvd_partial.tensorflow.GradientExchange` (posts, updates, rounds taken).
         self.exchange = GradientExchange(f"keras.{self.name}", mode, op, compression, max_staleness,
-                                         sparse_as_dense, owner=f"DistributedOptimizer({self.name!r})", carries=1)
+                                         sparse_as_dense, owner=f"DistributedOptimizer({self.name!r})", carries=1,
+                                         process_set=process_set)
         self._rate = CarriedLearningRate(optimizer)
         self._accumulation = GradientAccumulation(self.exchange, backward_passes_per_step,
                                                   self.average_aggregated_gradients, self._rate.local)

@@ -2,8 +2,9 @@
 Horovod's arguments, node topology (``cross_rank``, ``cross_size``,
 ``is_homogeneous``), what the build supports (``mpi_built``, ``nccl_built``,
 ...), rank and size as tensors, and the checks of Horovod arguments that
-hvd_partial accepts only at their default values (process sets are the
-core's: only the global one).
+hvd_partial accepts only at their default values; Horovod's process sets
+(:mod:`hvd_partial.collectives.process_sets`) with their ``process_set_id``
+ops.
 
 Example::
 
@@ -21,7 +22,7 @@ import threading
 import tensorflow as tf
 
 import hvd_partial as _core
-from ..collectives.process_sets import ProcessSet, global_process_set  # noqa: F401
+from ..collectives.process_sets import ProcessSet, by_id, check_usable, global_process_set  # noqa: F401
 from ..collectives.set_changes import add_process_set, remove_process_set  # noqa: F401
 from ..build_flags import (ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, mpi_built,  # noqa: F401
                            mpi_enabled, mpi_threads_supported, nccl_built, rocm_built)
@@ -29,16 +30,6 @@ from ..errors import ConfigError, NotSupportedError
 from ..modes import ReduceOp
 
 log = logging.getLogger("hvd_partial.tensorflow")
-
-
-def require_global(process_set, where: str) -> None:
-    """Raise ``NotSupportedError`` unless ``process_set`` is the global set (the
-    TensorFlow adapter's collectives run on every rank; process sets run in the
-    numpy API and ``hvd_partial.torch``)."""
-    if process_set is None or process_set is global_process_set:
-        return
-    raise NotSupportedError(f"{where}: process_set={process_set}: hvd_partial.tensorflow supports only "
-                            "hvd.global_process_set; process sets run in hvd_partial (numpy) and hvd_partial.torch")
 
 
 def require_default(where: str, **given) -> None:
@@ -85,21 +76,20 @@ _topology: dict | None = None
 
 def init(comm=None, process_sets=None, **config) -> None:
     """Horovod's ``init``: start hvd_partial (collective). ``comm`` is an mpi4py
-    communicator (default ``MPI.COMM_WORLD``); ``process_sets`` must be None;
-    other keywords are hvd_partial's configuration fields.
+    communicator (default ``MPI.COMM_WORLD``); ``process_sets`` a list of
+    :class:`ProcessSet` (or of rank lists) to add at start-up, as
+    ``add_process_set`` does; other keywords are hvd_partial's configuration fields.
 
     Example::
 
         hvd.init()                       # Horovod's call
         hvd.init(max_staleness=4)        # with an hvd_partial setting
+        hvd.init(process_sets=[hvd.ProcessSet([0, 2]), hvd.ProcessSet([1, 3])])
     """
     global _topology
-    if process_sets is not None:
-        raise ConfigError("init(process_sets=...) is not supported: hvd_partial runs on one world; "
-                          "pass init(comm=sub_communicator) to run on a subset")
     if isinstance(comm, (list, tuple)):
         raise ConfigError("init(comm=[ranks]) is not supported; pass an mpi4py communicator")
-    _core.init(comm, **config)
+    _core.init(comm, process_sets=process_sets, **config)
     with _topology_lock:
         _topology = None
     _load_topology()
@@ -150,10 +140,9 @@ def local_rank_op(name=None):
 
 
 def size_op(process_set_id: int = 0, name=None):
-    """``size()`` as an int32 tensor (process set 0 only)."""
-    if process_set_id != 0:
-        raise ConfigError(f"size_op(process_set_id={process_set_id}): only the global process set (0) exists")
-    return tf.constant(_core.size(), dtype=tf.int32, name=name)
+    """The size of the process set ``process_set_id`` (0: the global set) as an
+    int32 tensor; an id no added set has raises ``ProcessSetError`` (a ``ValueError``)."""
+    return tf.constant(by_id(process_set_id, "size_op").size(), dtype=tf.int32, name=name)
 
 
 def local_size_op(name=None):
@@ -162,10 +151,8 @@ def local_size_op(name=None):
 
 
 def process_set_included_op(process_set_id: int = 0, name=None):
-    """1 if this process belongs to the process set (always, for set 0)."""
-    if process_set_id != 0:
-        raise ConfigError(f"process_set_included_op(process_set_id={process_set_id}): only set 0 exists")
-    return tf.constant(1, dtype=tf.int32, name=name)
+    """1 if this process belongs to the process set ``process_set_id``, else 0 (an int32 tensor)."""
+    return tf.constant(int(by_id(process_set_id, "process_set_included_op").included()), dtype=tf.int32, name=name)
 
 
 # -- the timeline ---------------------------------------------------------------------------

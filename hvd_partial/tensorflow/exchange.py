@@ -14,6 +14,12 @@ Example::
     exchange = GradientExchange("grads", mode=hvd.Solo())
     rounds = exchange.exchange(grads, variables)   # eager or inside tf.function
     rounds.apply(optimizer)                        # k updates, in round order
+
+With ``process_set=`` (a set other than the global one; sync mode only,
+``NotSupportedError`` for solo and majority) a post is one negotiated grouped
+allreduce among the set's members (the numpy-level set collective) and
+always takes one round; a rank outside the set takes its own gradients, as
+in Horovod, and nothing is left to flush.
 """
 
 from __future__ import annotations
@@ -25,9 +31,10 @@ import numpy as np
 import tensorflow as tf
 
 import hvd_partial as _core
+from ..collectives.process_sets import check_usable, global_process_set, require_sync
 from ..core import carried_values
 from ..errors import ConfigError, EngineError, HvdPartialError, StreamConflictError, UnsupportedInputError
-from ..modes import Mode, ReduceOp
+from ..modes import Mode, ReduceOp, Sync
 from . import state
 from .compression import Compression, Compressor
 
@@ -292,6 +299,8 @@ class GradientExchange:
     each round's values are those every post in it held if they agree bit for
     bit, else their mean (:mod:`hvd_partial.core.carried_values`), the same on
     every rank, in ``RoundGradients.values`` and :attr:`last_values`.
+    ``process_set``: reduce among a set's members only (sync mode; see the
+    module docstring).
 
     Example::
 
@@ -303,10 +312,12 @@ class GradientExchange:
     def __init__(self, name: str, mode: Mode | None = None, op: ReduceOp = _core.Average,
                  compression: Compressor = Compression.none, max_staleness: int | None = None,
                  sparse_as_dense: bool = False, owner: str = "gradients", tape_stream: bool = False,
-                 carries: int = 0):
+                 carries: int = 0, process_set=global_process_set):
         if not isinstance(name, str) or not name:
             raise TypeError(f"stream name must be a non-empty str, got {name!r}")
-        mode = _core.stream_options(mode, op, max_staleness)
+        #: The set the gradients are reduced in (a set other than the global one: one synchronous allreduce per post).
+        self.process_set = check_usable(process_set, owner)
+        mode = _core.stream_options(set_mode(mode, self.process_set, owner), op, max_staleness)
         if not isinstance(compression, Compressor):
             raise TypeError(f"compression must be Compression.none or Compression.fp16, got {compression!r}")
         self.name = name
@@ -337,7 +348,13 @@ class GradientExchange:
 
     @property
     def settings(self) -> tuple:
-        return (self.mode, self.op, self.compression.name, self.max_staleness, self.sparse_as_dense)
+        return (self.mode, self.op, self.compression.name, self.max_staleness, self.sparse_as_dense,
+                self.process_set.process_set_id)
+
+    @property
+    def on_set(self) -> bool:
+        """Whether the stream reduces among a process set other than the global one."""
+        return not self.process_set.is_global
 
     # -- planning (trace time) ------------------------------------------------------
 
@@ -486,6 +503,8 @@ class GradientExchange:
             "tape.gradient_rounds(loss, variables).apply(optimizer), or mode=Sync()")
 
     def _post_and_take(self, *inputs):
+        if self.on_set:
+            return self._reduce_on_set(*inputs)
         try:
             self.check_owed()
             arrays = [np.ascontiguousarray(f) for f in inputs]
@@ -508,6 +527,29 @@ class GradientExchange:
             log.error("rank %s: %s in %s (stream %r): %s", rank_label(), type(err).__name__, self.owner,
                       self.name, err)
             raise
+
+    def _reduce_on_set(self, *inputs) -> list:
+        """Numpy side of a post on a process set: one grouped allreduce among its
+        members (this rank's own gradients outside it), stacked as one round; the
+        carried values stay this rank's."""
+        arrays = [np.ascontiguousarray(f) for f in inputs]
+        carried = arrays.pop() if self.carries else None
+        try:
+            if self.process_set.included():
+                arrays = _core.grouped_allreduce(arrays, name=self.name, op=self.op, process_set=self.process_set)
+        except BaseException as err:
+            self.last_error = err
+            log.error("rank %s: %s in %s (stream %r on %s): %s", rank_label(), type(err).__name__, self.owner,
+                      self.name, self.process_set, err)
+            raise
+        self.posts += 1
+        self.rounds_taken += 1
+        self.updates += 1
+        self.last_results = []
+        out = [np.asarray(a, dtype=group.wire).reshape(1, group.size) for a, group in zip(arrays, self.plan.groups)]
+        if carried is not None:
+            out.append(carried.astype(np.float64).reshape(1, self.carries))
+        return out
 
     def _stack(self, results) -> list:
         """The results with at least one contributor, stacked per group (then
@@ -542,22 +584,36 @@ class GradientExchange:
         raise error
 
 
-def exchange_for(name: str, mode, op, compression, max_staleness, sparse_as_dense, owner: str) -> GradientExchange:
+def set_mode(mode, process_set, owner: str):
+    """``mode`` for gradients reduced on ``process_set``: on a set other than the
+    global one, ``Sync()`` where left out, ``NotSupportedError`` for solo and majority."""
+    if process_set is None or process_set.is_global:
+        return mode
+    require_sync(mode, process_set, owner.split("(")[0])
+    return Sync()
+
+
+def exchange_for(name: str, mode, op, compression, max_staleness, sparse_as_dense, owner: str,
+                 process_set=global_process_set) -> GradientExchange:
     """This session's exchange named ``name`` (tapes are created anew every
     step, their stream is not); its settings must not change."""
     tf_state = state.require()
     with tf_state.lock:
         found = tf_state.exchanges.get(name)
     if found is None:
-        made = GradientExchange(name, mode, op, compression, max_staleness, sparse_as_dense, owner, tape_stream=True)
+        made = GradientExchange(name, mode, op, compression, max_staleness, sparse_as_dense, owner, tape_stream=True,
+                                process_set=process_set)
         found = tf_state.enter_tape_exchange(made)
         if found is made:
             return found
-    wanted = (_core.default_mode() if mode is None else mode, op, compression.name, max_staleness, bool(sparse_as_dense))
+    process_set = check_usable(process_set, owner)
+    mode = set_mode(mode, process_set, owner)
+    wanted = (_core.default_mode() if mode is None else mode, op, compression.name, max_staleness, bool(sparse_as_dense),
+              process_set.process_set_id)
     if found.settings != wanted:
         raise StreamConflictError(
             f"rank {rank_label()}: stream {name!r} is already used with mode/op/compression/max_staleness/"
-            f"sparse_as_dense {found.settings}, now {wanted}; pass another name=")
+            f"sparse_as_dense/process set id {found.settings}, now {wanted}; pass another name=")
     return found
 
 

@@ -1,8 +1,12 @@
 """Horovod-style collectives on TensorFlow tensors and variables (synchronous;
 every rank calls them in the same order). They work eagerly and inside
 ``tf.function``, with Horovod's signatures; arguments that only make sense in
-Horovod (devices, process sets) are accepted at their default values and
-refused with ``ConfigError`` otherwise.
+Horovod (devices) are accepted at their default values and refused with
+``ConfigError`` otherwise. ``process_set=`` runs a collective among the set's
+members (:mod:`hvd_partial.collectives.process_sets`): a set that was never
+added raises ``ProcessSetError`` (a ``ValueError``) at the call, and on a
+rank outside the set the op fails when it runs (``InvalidArgumentError``, as
+in Horovod). Gradients are reduced within the set too.
 
 Example::
 
@@ -12,6 +16,9 @@ Example::
     hvd.broadcast_variables(model.variables, root_rank=0)
     mean_loss = hvd.allreduce(loss)
     everyone = hvd.allgather(tf.constant([hvd.rank()]))
+    evens = hvd.add_process_set([0, 2])
+    if evens.included():
+        evens_mean = hvd.allreduce(loss, process_set=evens)
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import tensorflow as tf
 import hvd_partial as _core
 from ..errors import ConfigError, MismatchError, NotSupportedError, UnsupportedInputError
 from . import numpy_ops
-from .basics import global_process_set, require_default, require_global, resolve_op
+from .basics import check_usable, global_process_set, require_default, resolve_op
 from .compression import Compression
 from .exchange import rank_label, source_name
 
@@ -96,7 +103,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         total = hvd.allreduce(tf.constant([correct, seen], tf.float64), op=hvd.Sum)
     """
     require_default("allreduce", device_dense=(device_dense, ""), device_sparse=(device_sparse, ""))
-    require_global(process_set, "allreduce")
+    process_set = check_usable(process_set, "allreduce")
     op = resolve_op(op, average, "allreduce")
     if isinstance(tensor, tf.IndexedSlices):
         # Gathered, not summed: as in Horovod, only Average and Sum, unscaled.
@@ -106,18 +113,20 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         if prescale_factor != 1.0 or postscale_factor != 1.0:
             raise NotSupportedError(f"rank {rank_label()}: allreduce of tf.IndexedSlices takes no prescale_factor "
                                     "or postscale_factor (its values are gathered, not summed)")
-        values = allgather(tensor.values, name=name)
-        indices = allgather(tensor.indices, name=None if name is None else f"{name}.indices")
+        values = allgather(tensor.values, name=name, process_set=process_set)
+        indices = allgather(tensor.indices, name=None if name is None else f"{name}.indices", process_set=process_set)
         if op is _core.Average:
-            values = values / tf.cast(_core.size(), values.dtype)
+            values = values / tf.cast(process_set.size(), values.dtype)
         return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
     def forward(x):
         return _scaled_reduction(x, compression, prescale_factor, postscale_factor,
-                                 lambda value, pre, post: numpy_ops.allreduce(value, op, name, pre, post),
+                                 lambda value, pre, post: numpy_ops.allreduce(value, op, name, pre, post,
+                                                                              process_set),
                                  "hvd_partial_allreduce", lambda shape: shape)
 
     def backward(_, dy):  # every rank's output depends on this input: reduce the gradients alike
-        return allreduce(dy, op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+        return allreduce(dy, op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                         process_set=process_set)
 
     return _with_gradient([tf.convert_to_tensor(tensor)], forward, backward)
 
@@ -147,14 +156,15 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
         w, b = hvd.grouped_allreduce([w_grad, b_grad], op=hvd.Sum)
     """
     require_default("grouped_allreduce", device_dense=(device_dense, ""), device_sparse=(device_sparse, ""))
-    require_global(process_set, "grouped_allreduce")
+    process_set = check_usable(process_set, "grouped_allreduce")
     op = resolve_op(op, average, "grouped_allreduce")
     tensors = list(tensors)
     if not tensors:
         return []
     if any(isinstance(t, tf.IndexedSlices) for t in tensors):
         return [allreduce(t, op=op, compression=compression, prescale_factor=prescale_factor,
-                          postscale_factor=postscale_factor, name=None if name is None else f"{name}.{i}")
+                          postscale_factor=postscale_factor, name=None if name is None else f"{name}.{i}",
+                          process_set=process_set)
                 for i, t in enumerate(tensors)]
     pre, post = float(prescale_factor), float(postscale_factor)
 
@@ -162,7 +172,8 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
         wires, contexts = zip(*(compression.compress(t) for t in inputs))
 
         def run(*values):
-            return numpy_ops.grouped_allreduce([np.ascontiguousarray(v) for v in values], op, name, pre, post)
+            return numpy_ops.grouped_allreduce([np.ascontiguousarray(v) for v in values], op, name, pre, post,
+                                               process_set)
 
         outs = _run(run, list(wires), [w.dtype for w in wires], "hvd_partial_grouped_allreduce")
         if not isinstance(outs, (list, tuple)):
@@ -174,7 +185,8 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
         return result
 
     def backward(_, *dys):
-        return grouped_allreduce(list(dys), op=op, prescale_factor=pre, postscale_factor=post)
+        return grouped_allreduce(list(dys), op=op, prescale_factor=pre, postscale_factor=post,
+                                 process_set=process_set)
 
     return _with_gradient([tf.convert_to_tensor(t) for t in tensors], forward, backward)
 
@@ -187,20 +199,20 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
 
         labels = hvd.allgather(local_labels)      # (sum of the ranks' rows, ...)
     """
-    require_global(process_set, "allgather")
+    process_set = check_usable(process_set, "allgather")
     tensor = tf.convert_to_tensor(tensor)
 
     def forward(x):
-        out = _run(lambda value: numpy_ops.allgather(np.ascontiguousarray(value), name), [x], x.dtype,
+        out = _run(lambda value: numpy_ops.allgather(np.ascontiguousarray(value), name, process_set), [x], x.dtype,
                    "hvd_partial_allgather")
         out.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]) if x.shape.rank else None)
         return out
 
     def backward(_, dy):
-        # Horovod's rule: the averaged gradient of the whole, cut at this rank's rows.
-        reduced = allreduce(dy, op=_core.Average)
-        rows = allgather(tf.shape(tensor, out_type=tf.int64)[:1])
-        return tf.split(reduced, rows, num=_core.size(), axis=0)[_core.rank()]
+        # Horovod's rule: the averaged gradient of the whole (over the set), cut at this rank's rows.
+        reduced = allreduce(dy, op=_core.Average, process_set=process_set)
+        rows = allgather(tf.shape(tensor, out_type=tf.int64)[:1], process_set=process_set)
+        return tf.split(reduced, rows, num=process_set.size(), axis=0)[process_set.rank()]
 
     return _with_gradient([tensor], forward, backward)
 
@@ -222,7 +234,7 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=_cor
         mine = hvd.reducescatter(tf.ones([8, 3]), op=hvd.Sum)   # 8 // size rows each
     """
     require_default("reducescatter", device_dense=(device_dense, ""))
-    require_global(process_set, "reducescatter")
+    process_set = check_usable(process_set, "reducescatter")
     op = resolve_op(op, None, "reducescatter")
     tensor = tf.convert_to_tensor(tensor)
     if tensor.shape.rank == 0:
@@ -231,14 +243,15 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=_cor
 
     def forward(x):
         return _scaled_reduction(x, compression, prescale_factor, postscale_factor,
-                                 lambda value, pre, post: numpy_ops.reducescatter(value, op, name, pre, post),
+                                 lambda value, pre, post: numpy_ops.reducescatter(value, op, name, pre, post,
+                                                                                  process_set),
                                  "hvd_partial_reducescatter",
                                  lambda shape: tf.TensorShape([None]).concatenate(shape[1:]) if shape.rank else None)
 
     def backward(_, dy):
-        # Horovod's rule: this rank's block of every rank's input got dy here; Sum counts it size times.
-        factor = (_core.size() if op is _core.Sum else 1.0) * prescale_factor * postscale_factor
-        return allgather(dy * tf.cast(factor, dy.dtype) if factor != 1.0 else dy)
+        # Horovod's rule: this rank's block of every member's input got dy here; Sum counts it size times.
+        factor = (process_set.size() if op is _core.Sum else 1.0) * prescale_factor * postscale_factor
+        return allgather(dy * tf.cast(factor, dy.dtype) if factor != 1.0 else dy, process_set=process_set)
 
     return _with_gradient([tensor], forward, backward)
 
@@ -260,13 +273,13 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
         received = hvd.alltoall(tf.range(4 * hvd.size()))
         received, counts = hvd.alltoall(rows, splits=[1, 3])
     """
-    require_global(process_set, "alltoall")
+    process_set = check_usable(process_set, "alltoall")
     tensor = tf.convert_to_tensor(tensor)
     inputs = [tensor] if splits is None else [tensor, tf.cast(tf.convert_to_tensor(splits), tf.int32)]
 
     def run(value, *maybe_splits):
         received, counts = numpy_ops.alltoall(np.ascontiguousarray(value),
-                                              maybe_splits[0] if maybe_splits else None, name)
+                                              maybe_splits[0] if maybe_splits else None, name, process_set)
         return received, np.asarray(counts, dtype=np.int32)
 
     def forward(*xs):
@@ -277,7 +290,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
 
     def backward(outs, d_received, _):
         # The gradient goes back where the rows came from: an alltoall with the received counts.
-        grad, _ = alltoall(d_received, splits=outs[1])
+        grad, _ = alltoall(d_received, splits=outs[1], process_set=process_set)
         return [grad] + [None] * (len(inputs) - 1)
 
     received, counts = _with_gradient(inputs, forward, backward)
@@ -296,12 +309,13 @@ def broadcast(tensor, root_rank: int, name=None, ignore_name_scope=False, proces
 
         seed = hvd.broadcast(tf.constant(seed), root_rank=0)
     """
-    require_global(process_set, "broadcast")
+    process_set = check_usable(process_set, "broadcast")
     tensor = tf.convert_to_tensor(tensor)
 
     def run(value):
         flat = np.ascontiguousarray(value)
-        return _core.broadcast(_portable(flat), root_rank, name=name).view(flat.dtype).reshape(flat.shape)
+        return _core.broadcast(_portable(flat), root_rank, name=name,
+                               process_set=process_set).view(flat.dtype).reshape(flat.shape)
 
     def forward(x):
         out = _run(run, [x], x.dtype, "hvd_partial_broadcast")
@@ -309,8 +323,8 @@ def broadcast(tensor, root_rank: int, name=None, ignore_name_scope=False, proces
         return out
 
     def backward(_, dy):
-        # Horovod's rule: the averaged gradient on the root, zero elsewhere.
-        reduced = allreduce(dy, op=_core.Average)
+        # Horovod's rule: the averaged gradient (over the set) on the root, zero elsewhere.
+        reduced = allreduce(dy, op=_core.Average, process_set=process_set)
         return reduced if _core.rank() == root_rank else reduced * 0
 
     return _with_gradient([tensor], forward, backward)
@@ -318,9 +332,9 @@ def broadcast(tensor, root_rank: int, name=None, ignore_name_scope=False, proces
 
 def broadcast_(variables, root_rank: int, name=None, process_set=global_process_set):
     """Horovod's in-place broadcast: assign ``root_rank``'s values to ``variables``."""
-    require_global(process_set, "broadcast_")
+    process_set = check_usable(process_set, "broadcast_")
     variables = list(variables)
-    assigned = _broadcast_assign(variables, root_rank)
+    assigned = _broadcast_assign(variables, root_rank, process_set)
     return variables if tf.executing_eagerly() else assigned
 
 
@@ -345,12 +359,12 @@ def broadcast_variables(variables, root_rank: int = 0, process_set=global_proces
 
         hvd.broadcast_variables(model.weights + optimizer.variables, root_rank=0)
     """
-    require_global(process_set, "broadcast_variables")
-    assigned = _broadcast_assign(list(variables), root_rank)
+    process_set = check_usable(process_set, "broadcast_variables")
+    assigned = _broadcast_assign(list(variables), root_rank, process_set)
     return None if tf.executing_eagerly() else tf.group(*assigned)
 
 
-def _broadcast_assign(variables: list, root_rank: int) -> list:
+def _broadcast_assign(variables: list, root_rank: int, process_set) -> list:
     """Broadcast and assign; the assignments' results, one per variable."""
     if not variables:
         return []
@@ -373,7 +387,8 @@ def _broadcast_assign(variables: list, root_rank: int) -> list:
             flat = np.concatenate([np.ravel(arrays[i]) for i in idx]) if len(idx) > 1 else \
                 np.ascontiguousarray(np.ravel(arrays[idx[0]]))
             # numpy has no bfloat16: such variables travel as their raw bits.
-            out.append(_core.broadcast(_portable(flat), root_rank, name=f"variables[{names}...]").view(flat.dtype))
+            out.append(_core.broadcast(_portable(flat), root_rank, name=f"variables[{names}...]",
+                                       process_set=process_set).view(flat.dtype))
         return out
 
     fused = _run(run, values, dtypes, "hvd_partial_broadcast_variables")
@@ -406,8 +421,7 @@ def broadcast_object(obj, root_rank: int = 0, session=None, name=None, process_s
 
         epoch = hvd.broadcast_object(epoch, root_rank=0)
     """
-    require_global(process_set, "broadcast_object")
-    return _core.broadcast_object(obj, root_rank)
+    return _core.broadcast_object(obj, root_rank, process_set=process_set)
 
 
 def broadcast_object_fn(root_rank: int = 0, session=None, name=None, process_set=global_process_set):
@@ -418,8 +432,8 @@ def broadcast_object_fn(root_rank: int = 0, session=None, name=None, process_set
         bcast = hvd.broadcast_object_fn(root_rank=0)
         epoch = bcast(epoch)
     """
-    require_global(process_set, "broadcast_object_fn")
-    return lambda obj: _core.broadcast_object(obj, root_rank)
+    check_usable(process_set, "broadcast_object_fn")
+    return lambda obj: _core.broadcast_object(obj, root_rank, process_set=process_set)
 
 
 def allgather_object(obj, session=None, name=None, process_set=global_process_set) -> list:
@@ -429,5 +443,4 @@ def allgather_object(obj, session=None, name=None, process_set=global_process_se
 
         digests = hvd.allgather_object(weights_digest)
     """
-    require_global(process_set, "allgather_object")
-    return _core.allgather_object(obj)
+    return _core.allgather_object(obj, process_set=process_set)

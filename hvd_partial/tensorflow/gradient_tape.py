@@ -35,9 +35,9 @@ import hvd_partial as _core
 from ..errors import NotSupportedError
 from ..modes import Mode, ReduceOp
 from . import handoff, state
-from .basics import global_process_set, require_default, require_global
+from .basics import check_usable, global_process_set, require_default
 from .compression import Compression, Compressor
-from .exchange import GradientExchange, RoundGradients, exchange_for, existing_exchange, graph_builder
+from .exchange import GradientExchange, RoundGradients, exchange_for, existing_exchange, graph_builder, set_mode
 
 #: Stream of the first set of sources differentiated by tapes created without ``name=``;
 #: later sets get ``.2``, ``.3``, ... in the order this process first uses them.
@@ -65,7 +65,10 @@ class DistributedGradientTape:
     ``.fp16``), ``sparse_as_dense`` (reduce ``IndexedSlices`` gradients as
     dense; otherwise they raise), ``max_staleness`` (rounds; default from
     ``init``), ``name`` (the stream; tapes of different variable sets need
-    different names). Every other attribute is the wrapped tape's.
+    different names), ``process_set`` (Horovod's: reduce among a set's
+    members only, synchronously: ``mode`` left out means ``Sync()`` there,
+    solo and majority raise ``NotSupportedError``; a rank outside the set gets
+    its own gradients, as in Horovod). Every other attribute is the wrapped tape's.
 
     Example (Horovod's pattern, sync mode)::
 
@@ -86,7 +89,8 @@ class DistributedGradientTape:
         require_default("DistributedGradientTape", device_dense=(device_dense, ""),
                         device_sparse=(device_sparse, ""), gradient_predivide_factor=(gradient_predivide_factor, 1.0),
                         num_groups=(num_groups, 0), groups=(groups, None))
-        require_global(process_set, "DistributedGradientTape")
+        self._process_set = check_usable(process_set, "DistributedGradientTape")
+        mode = set_mode(mode, self._process_set, "DistributedGradientTape")
         self._tape = gradtape
         self._local_sources: dict[int, object] = {}  # id -> source whose gradient stays this rank's
         self._scale_local_gradients = bool(scale_local_gradients)
@@ -101,7 +105,7 @@ class DistributedGradientTape:
     def _exchange_named(self, name: str) -> GradientExchange:
         mode, op, compression, max_staleness, sparse_as_dense = self._settings
         return exchange_for(name, mode, op, compression, max_staleness, sparse_as_dense,
-                            owner=f"DistributedGradientTape({name!r})")
+                            owner=f"DistributedGradientTape({name!r})", process_set=self._process_set)
 
     def _exchange_for(self, sources: list) -> GradientExchange:
         if self._exchange is None:
@@ -182,9 +186,7 @@ class DistributedGradientTape:
         return exchange.exchange(grads, sources, handed_out=handed_out), local
 
     def _scaled_local(self, grad):
-        if grad is None or not self._scale_local_gradients:
-            return grad
-        return grad / tf.cast(_core.size(), grad.dtype)
+        return scaled_local(grad, self._process_set) if self._scale_local_gradients else grad
 
     @graph_builder
     def gradient(self, target, sources, output_gradients=None,
@@ -221,6 +223,24 @@ class DistributedGradientTape:
         return flush_gradients(self._exchange.name, sources)
 
 
+def scaled_local(grad, process_set):
+    """A local source's gradient divided by the number of ranks of ``process_set``
+    (Horovod's ``scale_local_gradients``); None stays None, ``IndexedSlices`` stay sparse."""
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / tf.cast(process_set.size(), grad.values.dtype), grad.indices,
+                                grad.dense_shape)
+    return grad / tf.cast(process_set.size(), grad.dtype)
+
+
+def local_layer_weights(local_layers) -> list:
+    """The trainable weights of ``local_layers`` (a layer, a list of layers, or None)."""
+    layers = [] if local_layers is None else list(local_layers) if isinstance(local_layers, (list, tuple)) \
+        else [local_layers]
+    return [weight for layer in layers for weight in layer.trainable_weights]
+
+
 def PartialDistributedGradientTape(gradtape, local_layers=None, **kwargs) -> DistributedGradientTape:  # noqa: N802
     """Horovod's model-parallel tape: a :class:`DistributedGradientTape`
     (``kwargs`` are its arguments) with every trainable weight of
@@ -231,11 +251,8 @@ def PartialDistributedGradientTape(gradtape, local_layers=None, **kwargs) -> Dis
         tape = hvd.PartialDistributedGradientTape(tape, local_layers=[model.embedding], mode=hvd.Sync())
     """
     tape = DistributedGradientTape(gradtape, **kwargs)
-    layers = [] if local_layers is None else list(local_layers) if isinstance(local_layers, (list, tuple)) \
-        else [local_layers]
-    for layer in layers:
-        for weight in layer.trainable_weights:
-            tape.register_local_source(weight)
+    for weight in local_layer_weights(local_layers):
+        tape.register_local_source(weight)
     return tape
 
 

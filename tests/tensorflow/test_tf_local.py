@@ -197,7 +197,7 @@ def test_apply_before_init_raises_not_initialized():
     ({"num_groups": 2}, "num_groups=2"),
     ({"groups": 3}, "groups=3"),
     ({"device_dense": "/gpu:0"}, "device_dense"),
-    ({"process_set": hvd_tf.ProcessSet([0])}, "global_process_set"),
+    ({"process_set": hvd_tf.ProcessSet([0])}, "never added"),
     ({"op": hvd_tf.Max}, "op=Average or op=Sum"),
 ])
 def test_wrappers_accept_horovod_arguments_only_at_their_defaults(kwargs, text):
@@ -207,7 +207,7 @@ def test_wrappers_accept_horovod_arguments_only_at_their_defaults(kwargs, text):
                     process_set=hvd_tf.global_process_set, scale_local_gradients=True)
     hvd_tf.DistributedGradientTape(tape, **defaults)
     hvd.DistributedOptimizer(keras.optimizers.SGD(), name=f"defaults_{len(text)}", **defaults)
-    error = hvd.NotSupportedError if "process_set" in kwargs else \
+    error = hvd_partial.ProcessSetError if "process_set" in kwargs else \
         hvd.UnsupportedInputError if "op" in kwargs else hvd.ConfigError
     with pytest.raises(error, match=text):
         hvd_tf.DistributedGradientTape(tape, **kwargs)
@@ -224,12 +224,12 @@ def test_helper_arguments_follow_horovod():
         resolve_op(hvd.Sum, True, "x")
     with pytest.raises(hvd.NotSupportedError, match="Adasum"):
         hvd_tf.allreduce(tf.constant([1.0]), op=hvd_tf.Adasum)
-    with pytest.raises(hvd.NotSupportedError, match="global_process_set"):
+    with pytest.raises(hvd_partial.ProcessSetError, match="never added"):  # a ValueError, as Horovod raises
         hvd_tf.allgather(tf.constant([1.0]), process_set=hvd_tf.ProcessSet([0]))
     with pytest.raises(hvd.ConfigError, match="eager"):
         hvd_tf.broadcast_global_variables(0)
-    with pytest.raises(hvd.ConfigError, match="process_sets"):
-        hvd_tf.init(process_sets=[hvd_tf.ProcessSet([0])])
+    with pytest.raises(hvd.ConfigError, match="comm"):
+        hvd_tf.init(comm=[0])
     assert hvd_tf.mpi_built() and not hvd_tf.gloo_enabled() and hvd_tf.check_num_rank_power_of_2(4)
 
 
