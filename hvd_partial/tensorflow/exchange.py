@@ -323,7 +323,7 @@ class GradientExchange:
                  carries: int = 0, process_set=global_process_set):
         if not isinstance(name, str) or not name:
             raise TypeError(f"stream name must be a non-empty str, got {name!r}")
-        #: The set the gradients are reduced in (a set other than the global one: one synchronous allreduce per post).
+        #: The set the gradients are reduced in (see the module docstring).
         self.process_set = check_usable(process_set, owner)
         mode = _core.stream_options(set_mode(mode, self.process_set), op, max_staleness)
         if not isinstance(compression, Compressor):
@@ -371,6 +371,13 @@ class GradientExchange:
         """Whether the stream is a solo or majority stream on a process set (its own engine's, on members)."""
         return self.on_set and self.mode.kind != "sync"
 
+    @property
+    def posts_to_engine(self) -> bool:
+        """Whether posts go to an engine's stream: the session's, or (a solo or majority
+        stream on a set, on a member) the set's; else they are a sync allreduce among a
+        set's members or, outside the set, this rank's own gradients."""
+        return not self.on_set or (self.on_set_engine and self.process_set.included())
+
     def engine(self):
         """The engine the stream's posts and flushes go to: the session's, or (a solo or
         majority stream on a set, on a member) the set's own."""
@@ -381,7 +388,7 @@ class GradientExchange:
     def stats(self) -> dict:
         """This stream's participation report on its engine (see ``hvd_partial.stats()``;
         {} on a rank outside its set, or before the first post)."""
-        if self.on_set and not (self.on_set_engine and self.process_set.included()):
+        if not self.posts_to_engine:
             return {}
         if self.on_set_engine:
             return self.engine().stats.snapshot().get(self.name, {})
@@ -536,7 +543,7 @@ class GradientExchange:
             "tape.gradient_rounds(loss, variables).apply(optimizer), or mode=Sync()")
 
     def _post_and_take(self, *inputs):
-        if self.on_set and not (self.on_set_engine and self.process_set.included()):
+        if not self.posts_to_engine:
             return self._reduce_on_set(*inputs)
         try:
             self.check_owed()

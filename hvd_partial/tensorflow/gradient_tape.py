@@ -265,7 +265,9 @@ def PartialDistributedGradientTape(gradtape, local_layers=None, **kwargs) -> Dis
 def flush_gradients(name: str = DEFAULT_TAPE_STREAM, sources=None) -> RoundGradients:
     """Collective (every rank, eagerly): take every outstanding round of the
     tape stream ``name`` plus a final synchronous round that empties every
-    rank's pending gradients; apply the result to keep replicas identical.
+    rank's pending gradients; apply the result to keep replicas identical. A
+    solo or majority stream on a process set is flushed among the set's members
+    (on its engine); a rank outside the set has nothing to flush.
 
     Example::
 
@@ -286,7 +288,9 @@ def flush_tapes() -> int:
     stream, in the order this process first used them, and apply each flush's
     rounds through the Keras optimizer(s) that applied that stream's
     ``gradient()`` results. Afterwards weights and optimizer state are
-    identical on every rank. Returns the number of updates applied.
+    identical on every rank (of each stream's set: a solo or majority stream on a
+    process set is flushed on the set's engine, among its members). Returns the
+    number of updates applied.
 
     Example::
 
