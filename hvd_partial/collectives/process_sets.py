@@ -206,21 +206,6 @@ def check_usable(process_set, what: str) -> ProcessSet:
     return process_set
 
 
-def require_sync(mode, process_set, what: str) -> None:
-    """Raise ``NotSupportedError`` naming ``mode`` where it is solo or majority and
-    ``process_set`` is a set other than the global one, for the TensorFlow and
-    Keras wrappers: partial rounds on a set run on the set's own engine, which
-    only PyTorch's ``DistributedOptimizer`` uses so far."""
-    if mode is None or getattr(mode, "kind", "sync") == "sync":
-        return
-    if process_set is None or not isinstance(process_set, ProcessSet) or process_set.is_global:
-        return
-    raise NotSupportedError(
-        f"{what}(mode={mode}, process_set={process_set}): solo and majority on a process set are supported by "
-        "PyTorch's DistributedOptimizer only; here the set's gradients are reduced synchronously: leave mode out "
-        "or pass hvd.Sync()")
-
-
 class _Registry:
     """Per session: the sets added in it, by id (for Horovod's ``process_set_id`` arguments)."""
 

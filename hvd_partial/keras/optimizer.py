@@ -37,6 +37,8 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvd_partial as _core  # noqa: E402
+from .. import session as _session  # noqa: E402
+from ..collectives.process_sets import set_engine  # noqa: E402
 from ..errors import ConfigError, MismatchError, UnsupportedInputError  # noqa: E402
 from ..modes import Majority, Mode, ReduceOp, Solo, Sync  # noqa: E402
 from ..tensorflow.basics import check_usable, global_process_set, require_default  # noqa: E402
@@ -93,11 +95,15 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
       dense tensors; otherwise they raise ``UnsupportedInputError``.
     - ``name``: the optimizer's name; its stream is ``"keras." + name``
       (``distributed_<inner name>`` by default: create optimizers in the same
-      order on every rank).
+      order on every rank; solo or majority on a process set with ``name``
+      left out: ``"keras.distributed_<inner name>.set<id>.<n>"``, n counting
+      the unnamed streams on the set's engine, as PyTorch's optimizer does).
     - ``process_set``: Horovod's; a set other than the global one reduces
-      among its members only, synchronously (``mode`` left out means
-      ``Sync()``; solo and majority raise ``NotSupportedError``); a rank
-      outside the set applies its own gradients, as in Horovod.
+      among its members only (``mode`` left out means ``Sync()``;
+      ``Solo()`` and ``Majority(...)`` run on the set's own engine, a world
+      of its members, started here: collective over the members; ``flush()``
+      and the epoch flush are then collective over the members only); a
+      rank outside the set applies its own gradients, as in Horovod.
     - ``device_dense``, ``device_sparse``, ``gradient_predivide_factor``,
       ``num_groups``, ``groups``, ``scale_local_gradients``,
       ``use_locking``: Horovod's, accepted at their default values only
@@ -151,7 +157,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 f"DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers.*), got "
                 f"{type(optimizer).__module__}.{type(optimizer).__name__}; for tf.keras 2 / tf_keras optimizers "
                 "use hvd_partial.tensorflow.DistributedGradientTape")
-        mode = set_mode(mode, process_set, "DistributedOptimizer")
+        mode = set_mode(mode, process_set)
         mode = _core.default_mode() if mode is None else mode
         if not isinstance(mode, Mode):
             raise TypeError(f"mode must be hvd_partial.Sync(), Solo() or Majority(...), got {mode!r}")
@@ -168,7 +174,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
         #: The stream's :class:`~hvd_partial.tensorflow.GradientExchange` (posts, updates, rounds taken).
-        self.exchange = GradientExchange(f"keras.{self.name}", mode, op, compression, max_staleness,
+        stream = f"keras.{self.name}"
+        if name is None and not process_set.is_global and mode.kind != "sync":
+            set_id = process_set.process_set_id
+            stream += f".set{set_id}"
+            if process_set.included():  # the members number the set engine's unnamed streams alike
+                set_engine(process_set)  # started here: collective over the set's members
+                stream += f".{_session.require().set_engines.next_name(set_id)}"
+        self.exchange = GradientExchange(stream, mode, op, compression, max_staleness,
                                          sparse_as_dense, owner=f"DistributedOptimizer({self.name!r})", carries=1,
                                          process_set=process_set)
         self._rate = CarriedLearningRate(optimizer)
@@ -226,7 +239,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     def stats(self) -> dict:
         """This stream's participation report (see ``hvd_partial.stats()``)."""
-        return _core.stats().get(self.stream_name, {})
+        return self.exchange.stats()
 
     # -- forwarded to the inner optimizer ----------------------------------------------
 
@@ -371,14 +384,15 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         variables = list(variables if variables is not None else (self.model_variables or []))
         settings = (mode_to_config(self.mode), self.op.value, self.compression.name, self.max_staleness,
                     self.sparse_as_dense, self.backward_passes_per_step, self.average_aggregated_gradients)
-        mine = (self.stream_name, settings, [(tuple(v.shape), str(v.dtype)) for v in variables])
+        # The optimizer's name, not its stream's: members of different sets number theirs apart.
+        mine = (f"keras.{self.name}", settings, [(tuple(v.shape), str(v.dtype)) for v in variables])
         everyone = _core.allgather_object(mine)
         me = _core.rank()
         for other, theirs in enumerate(everyone):
             if theirs == mine:
                 continue
             if theirs[0] != mine[0]:
-                problem = f"optimizer stream {mine[0]!r} here, {theirs[0]!r} on rank {other}"
+                problem = f"optimizer {mine[0]!r} here, {theirs[0]!r} on rank {other}"
             elif theirs[1] != mine[1]:
                 problem = f"settings {mine[1]} here, {theirs[1]} on rank {other}"
             elif len(theirs[2]) != len(mine[2]):

@@ -15,11 +15,17 @@ Example::
     rounds = exchange.exchange(grads, variables)   # eager or inside tf.function
     rounds.apply(optimizer)                        # k updates, in round order
 
-With ``process_set=`` (a set other than the global one; sync mode only,
-``NotSupportedError`` for solo and majority) a post is one negotiated grouped
-allreduce among the set's members (the numpy-level set collective) and
-always takes one round; a rank outside the set takes its own gradients, as
-in Horovod, and nothing is left to flush.
+With ``process_set=`` (a set other than the global one) the gradients are
+reduced among the set's members only; a rank outside the set takes its own
+gradients, as in Horovod, and has nothing to flush. In sync mode (the
+default on a set) a post is one negotiated grouped allreduce among the
+members (the numpy-level set collective) and always takes one round. In solo
+and majority mode the stream runs on the set's own engine
+(:mod:`hvd_partial.collectives.set_engines`, started when the exchange is
+made: collective over the members), a world of the set's members: its
+rounds, staleness and quorum are the set's, and ``flush()`` (also through
+``hvd.flush_tapes()``, ``flush_gradients()`` and the Keras optimizer's
+``flush()`` and epoch callback) is collective over the members only.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ import numpy as np
 import tensorflow as tf
 
 import hvd_partial as _core
-from ..collectives.process_sets import check_usable, global_process_set, require_sync
+from .. import session as _session
+from ..api import post_grouped
+from ..collectives.process_sets import check_usable, global_process_set, set_engine
 from ..core import carried_values
 from ..errors import ConfigError, EngineError, HvdPartialError, StreamConflictError, UnsupportedInputError
 from ..modes import Mode, ReduceOp, Sync
@@ -299,8 +307,8 @@ class GradientExchange:
     each round's values are those every post in it held if they agree bit for
     bit, else their mean (:mod:`hvd_partial.core.carried_values`), the same on
     every rank, in ``RoundGradients.values`` and :attr:`last_values`.
-    ``process_set``: reduce among a set's members only (sync mode; see the
-    module docstring).
+    ``process_set``: reduce among a set's members only (solo and majority on
+    the set's own engine; see the module docstring).
 
     Example::
 
@@ -315,9 +323,9 @@ class GradientExchange:
                  carries: int = 0, process_set=global_process_set):
         if not isinstance(name, str) or not name:
             raise TypeError(f"stream name must be a non-empty str, got {name!r}")
-        #: The set the gradients are reduced in (a set other than the global one: one synchronous allreduce per post).
+        #: The set the gradients are reduced in (see the module docstring).
         self.process_set = check_usable(process_set, owner)
-        mode = _core.stream_options(set_mode(mode, self.process_set, owner), op, max_staleness)
+        mode = _core.stream_options(set_mode(mode, self.process_set), op, max_staleness)
         if not isinstance(compression, Compressor):
             raise TypeError(f"compression must be Compression.none or Compression.fp16, got {compression!r}")
         self.name = name
@@ -345,6 +353,8 @@ class GradientExchange:
         #: Rounds handed out by DistributedGradientTape.gradient() that must all
         #: be applied before the next post: (init token, k, slots not yet applied); None when none are owed.
         self.owed: tuple | None = None
+        if self.on_set_engine and self.process_set.included():
+            set_engine(self.process_set)  # started here: collective over the set's members
 
     @property
     def settings(self) -> tuple:
@@ -355,6 +365,34 @@ class GradientExchange:
     def on_set(self) -> bool:
         """Whether the stream reduces among a process set other than the global one."""
         return not self.process_set.is_global
+
+    @property
+    def on_set_engine(self) -> bool:
+        """Whether the stream is a solo or majority stream on a process set (its own engine's, on members)."""
+        return self.on_set and self.mode.kind != "sync"
+
+    @property
+    def posts_to_engine(self) -> bool:
+        """Whether posts go to an engine's stream: the session's, or (a solo or majority
+        stream on a set, on a member) the set's; else they are a sync allreduce among a
+        set's members or, outside the set, this rank's own gradients."""
+        return not self.on_set or (self.on_set_engine and self.process_set.included())
+
+    def engine(self):
+        """The engine the stream's posts and flushes go to: the session's, or (a solo or
+        majority stream on a set, on a member) the set's own."""
+        if self.on_set_engine:
+            return set_engine(self.process_set)
+        return _session.require().engine
+
+    def stats(self) -> dict:
+        """This stream's participation report on its engine (see ``hvd_partial.stats()``;
+        {} on a rank outside its set, or before the first post)."""
+        if not self.posts_to_engine:
+            return {}
+        if self.on_set_engine:
+            return self.engine().stats.snapshot().get(self.name, {})
+        return _core.stats().get(self.name, {})
 
     # -- planning (trace time) ------------------------------------------------------
 
@@ -459,13 +497,15 @@ class GradientExchange:
             # Nothing posted here, so nothing to flush (and no stream to name).
             return None
         self.check_owed()
-        return _core.flush_async(self.name)
+        engine = self.engine()
+        return engine, engine.submit_flush(self.name)
 
     def finish_flush(self, handle, sources=None) -> RoundGradients:
         """Wait for a flush started by :meth:`begin_flush`; returns its updates."""
         if handle is None:
             return RoundGradients(None, [], sources)
-        results = _core.synchronize(handle)
+        engine, flushing = handle
+        results = engine.wait(flushing)
         stacked = [tf.constant(a) for a in self._stack(results)]
         values = stacked.pop() if self.carries else None
         return RoundGradients(self.plan, stacked, sources, values)
@@ -503,22 +543,22 @@ class GradientExchange:
             "tape.gradient_rounds(loss, variables).apply(optimizer), or mode=Sync()")
 
     def _post_and_take(self, *inputs):
-        if self.on_set:
+        if not self.posts_to_engine:
             return self._reduce_on_set(*inputs)
         try:
             self.check_owed()
             arrays = [np.ascontiguousarray(f) for f in inputs]
             if self.carries:  # the carried values travel encoded, as the last array
                 arrays[-1] = carried_values.encode([float(v) for v in arrays[-1]])
-            handle = _core.grouped_partial_allreduce_async(arrays, self.name, mode=self.mode, op=self.op,
-                                                           max_staleness=self.max_staleness)
+            engine = self.engine()
+            handle = post_grouped(engine, arrays, self.name, self.mode, self.op, self.max_staleness)
             tf_state = state.require()
             with tf_state.lock:
                 tf_state.posted.add(self.name)
             if self.tape_stream:  # also when traced before the latest init: flush_tapes() finds it
                 tf_state.enter_tape_exchange(self)
             self.posts += 1
-            results = _core.synchronize(handle)
+            results = engine.wait(handle)
             return self._stack(results)
         except BaseException as err:
             # TensorFlow re-raises this as an OpError whose text keeps our message;
@@ -529,9 +569,9 @@ class GradientExchange:
             raise
 
     def _reduce_on_set(self, *inputs) -> list:
-        """Numpy side of a post on a process set: one grouped allreduce among its
-        members (this rank's own gradients outside it), stacked as one round; the
-        carried values stay this rank's."""
+        """Numpy side of a sync post on a process set (one grouped allreduce among its
+        members) and of any post on a rank outside the set (its own gradients),
+        stacked as one round; the carried values stay this rank's."""
         arrays = [np.ascontiguousarray(f) for f in inputs]
         carried = arrays.pop() if self.carries else None
         try:
@@ -584,12 +624,11 @@ class GradientExchange:
         raise error
 
 
-def set_mode(mode, process_set, owner: str):
+def set_mode(mode, process_set):
     """``mode`` for gradients reduced on ``process_set``: on a set other than the
-    global one, ``Sync()`` where left out, ``NotSupportedError`` for solo and majority."""
-    if process_set is None or process_set.is_global:
+    global one, ``Sync()`` where left out (Horovod's behaviour there)."""
+    if process_set is None or process_set.is_global or mode is not None:
         return mode
-    require_sync(mode, process_set, owner.split("(")[0])
     return Sync()
 
 
@@ -607,7 +646,7 @@ def exchange_for(name: str, mode, op, compression, max_staleness, sparse_as_dens
         if found is made:
             return found
     process_set = check_usable(process_set, owner)
-    mode = set_mode(mode, process_set, owner)
+    mode = set_mode(mode, process_set)
     wanted = (_core.default_mode() if mode is None else mode, op, compression.name, max_staleness, bool(sparse_as_dense),
               process_set.process_set_id)
     if found.settings != wanted:

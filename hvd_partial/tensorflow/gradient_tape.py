@@ -40,19 +40,22 @@ from .compression import Compression, Compressor
 from .exchange import GradientExchange, RoundGradients, exchange_for, existing_exchange, graph_builder, set_mode
 
 #: Stream of the first set of sources differentiated by tapes created without ``name=``;
-#: later sets get ``.2``, ``.3``, ... in the order this process first uses them.
+#: later sets get ``.2``, ``.3``, ... in the order this process first uses them. On a
+#: process set other than the global one the stream is ``<this>.set<id>`` (then ``.2``, ...).
 DEFAULT_TAPE_STREAM = "tensorflow.DistributedGradientTape"
 
 
-def _default_stream(sources: list) -> str:
-    key = tuple(id(s) for s in sources)
+def _default_stream(sources: list, process_set) -> str:
+    set_id = process_set.process_set_id
+    key = (set_id, tuple(id(s) for s in sources))
+    base = DEFAULT_TAPE_STREAM if set_id == 0 else f"{DEFAULT_TAPE_STREAM}.set{set_id}"
     tf_state = state.require()
     with tf_state.lock:
         names = tf_state.default_names
         found = names.get(key)
         if found is None:
-            n = len(names)
-            found = names[key] = (DEFAULT_TAPE_STREAM if n == 0 else f"{DEFAULT_TAPE_STREAM}.{n + 1}", list(sources))
+            n = sum(1 for other_id, _ in names if other_id == set_id)
+            found = names[key] = (base if n == 0 else f"{base}.{n + 1}", list(sources))
         return found[0]
 
 
@@ -66,9 +69,12 @@ class DistributedGradientTape:
     dense; otherwise they raise), ``max_staleness`` (rounds; default from
     ``init``), ``name`` (the stream; tapes of different variable sets need
     different names), ``process_set`` (Horovod's: reduce among a set's
-    members only, synchronously: ``mode`` left out means ``Sync()`` there,
-    solo and majority raise ``NotSupportedError``; a rank outside the set gets
-    its own gradients, as in Horovod). Every other attribute is the wrapped tape's.
+    members only; ``mode`` left out means ``Sync()`` there; ``Solo()`` and
+    ``Majority(...)`` run on the set's own engine, a world of its members,
+    started when the tape's stream is made (at construction with ``name=``,
+    else at the first ``gradient()``): collective over the members; a rank
+    outside the set gets its own gradients, as in Horovod). Every other
+    attribute is the wrapped tape's.
 
     Example (Horovod's pattern, sync mode)::
 
@@ -90,7 +96,7 @@ class DistributedGradientTape:
                         device_sparse=(device_sparse, ""), gradient_predivide_factor=(gradient_predivide_factor, 1.0),
                         num_groups=(num_groups, 0), groups=(groups, None))
         self._process_set = check_usable(process_set, "DistributedGradientTape")
-        mode = set_mode(mode, self._process_set, "DistributedGradientTape")
+        mode = set_mode(mode, self._process_set)
         self._tape = gradtape
         self._local_sources: dict[int, object] = {}  # id -> source whose gradient stays this rank's
         self._scale_local_gradients = bool(scale_local_gradients)
@@ -109,7 +115,7 @@ class DistributedGradientTape:
 
     def _exchange_for(self, sources: list) -> GradientExchange:
         if self._exchange is None:
-            self._exchange = self._exchange_named(self._name or _default_stream(sources))
+            self._exchange = self._exchange_named(self._name or _default_stream(sources, self._process_set))
         return self._exchange
 
     @property
@@ -259,7 +265,9 @@ def PartialDistributedGradientTape(gradtape, local_layers=None, **kwargs) -> Dis
 def flush_gradients(name: str = DEFAULT_TAPE_STREAM, sources=None) -> RoundGradients:
     """Collective (every rank, eagerly): take every outstanding round of the
     tape stream ``name`` plus a final synchronous round that empties every
-    rank's pending gradients; apply the result to keep replicas identical.
+    rank's pending gradients; apply the result to keep replicas identical. A
+    solo or majority stream on a process set is flushed among the set's members
+    (on its engine); a rank outside the set has nothing to flush.
 
     Example::
 
@@ -280,7 +288,9 @@ def flush_tapes() -> int:
     stream, in the order this process first used them, and apply each flush's
     rounds through the Keras optimizer(s) that applied that stream's
     ``gradient()`` results. Afterwards weights and optimizer state are
-    identical on every rank. Returns the number of updates applied.
+    identical on every rank (of each stream's set: a solo or majority stream on a
+    process set is flushed on the set's engine, among its members). Returns the
+    number of updates applied.
 
     Example::
 

@@ -41,7 +41,7 @@ class TensorFlowState:
       already registered stream).
     - ``tape_streams``: tape streams in the order of their first use (the
       order ``flush_tapes()`` flushes them in).
-    - ``default_names``: ids of a set of sources -> (the stream a tape
+    - ``default_names``: (process set id, ids of a set of sources) -> (the stream a tape
       without ``name=`` uses for them, the sources, kept alive so that their
       ids stay theirs).
     - ``handouts_by_tensor``: id of a tensor ``gradient()`` returned ->

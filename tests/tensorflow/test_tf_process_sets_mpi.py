@@ -2,8 +2,8 @@
 (evens [0, 2] and odds [1, 3], added by hvd.init(process_sets=...)):
 collectives and their gradients among a set (eagerly, in tf.function and in a
 TF1-style graph), the process-set ops, the errors of a rank outside a set,
-DistributedGradientTape and DistributedOptimizer on a set (sync; solo and
-majority refused), and the Keras PartialDistributedOptimizer
+DistributedGradientTape and DistributedOptimizer on a set (sync by default;
+solo and majority on the set's own engine), and the Keras PartialDistributedOptimizer
 (tests/workers/tf_process_sets.py)."""
 
 from __future__ import annotations
@@ -70,8 +70,42 @@ def test_a_rank_outside_the_set_gets_horovods_errors(run):
             assert o[where][0] == "InvalidArgumentError", (r, where, o[where])
             assert "is not in ProcessSet" in o[where][1] and f"rank {r}" in o[where][1]
         assert o["fake"][0] == "ProcessSetError" and "never added" in o["fake"][1]  # a ValueError
-        assert o["tape_solo"][0] == "NotSupportedError" and "Solo()" in o["tape_solo"][1]
-        assert o["optimizer_majority"][0] == "NotSupportedError" and "Majority" in o["optimizer_majority"][1]
+
+
+def _posted(ranks) -> float:
+    """Minus every post of ``ranks`` (rank + 1 times step + 1, 5 steps) summed."""
+    return -sum((m + 1.0) * (s + 1) for m in ranks for s in range(5))
+
+
+def test_solo_and_majority_run_on_the_set_engine(run):
+    for label in ("solo", "majority"):
+        for r, res in run.items():
+            ms = _members(r)
+            set_id = 1 if r % 2 == 0 else 2
+            got = res["set_modes"][label]
+            peer = run[[m for m in ms if m != r][0]]["set_modes"][label]
+            k, t = got["keras"], got["tape"]
+            assert k["mode"].startswith("Solo" if label == "solo" else "Majority")
+            # every member's every post in exactly one round (op=Sum, SGD(1.0) from zero), once
+            assert k["weight"] == [_posted(ms)] * 3, (label, r, k["weight"])
+            assert t["weight"] == [_posted(ms)] * 2, (label, r, t["weight"])
+            assert k["bits"] == peer["keras"]["bits"] and t["bits"] == peer["tape"]["bits"]  # the set's replicas
+            assert k["rounds"] == peer["keras"]["rounds"]
+            # Keras numbers optimizer names (distributed_sgd_3); the set engine numbers its unnamed streams
+            assert k["name"].startswith("keras.distributed_sgd") and k["name"] == peer["keras"]["name"]
+            assert k["name"].endswith(f".set{set_id}.{0 if label == 'solo' else 1}")
+            base = f"tensorflow.DistributedGradientTape.set{set_id}"
+            assert t["name"] == (base if label == "solo" else base + ".2")
+            assert k["stats_ranks"] == 2 and k["contributions"] > 0  # the set's engine: a world of two ranks
+            # an optimizer on evens: its members reduce among them, odd ranks step alone
+            e = got["evens"]
+            assert e["name"] == f"keras.on_evens_{label}"
+            assert e["weight"] == [_posted([0, 2] if r % 2 == 0 else [r])], (label, r, e["weight"])
+        assert len({res["set_modes"][label]["keras"]["bits"] for res in run.values()}) == 2  # the sets differ
+    for r, res in run.items():  # model.fit's epoch flush among the set's members
+        peer = run[[m for m in _members(r) if m != r][0]]["set_modes"]["fit"]
+        assert res["set_modes"]["fit"]["bits"] == peer["bits"] and res["set_modes"]["fit"]["updates"] > 0
+    assert len({res["set_modes"]["fit"]["bits"] for res in run.values()}) == 2
 
 
 def test_tape_and_keras_optimizer_on_a_set_are_synchronous(run):

@@ -3,9 +3,10 @@ odds [1, 3], added at init): every collective on the rank's own set, eagerly,
 in tf.function and in a TF1-style graph; their gradients (reduced within the
 set); size_op / process_set_included_op; a rank calling a collective on the
 other set (InvalidArgumentError) or on a set never added (ValueError);
-DistributedGradientTape and the Keras DistributedOptimizer on a set (sync;
-solo refused); and the Keras PartialDistributedOptimizer (local layers not
-reduced). Every rank reports a dict the test asserts on."""
+DistributedGradientTape and the Keras DistributedOptimizer on a set (sync by
+default; solo and majority on the set's own engine, with integer gradients
+and Sum so that every post is counted exactly; a rank outside the set alone);
+and the Keras PartialDistributedOptimizer (local layers not reduced). Every rank reports a dict the test asserts on."""
 
 import tf_common as C  # noqa: F401,I001 (sets TensorFlow up first)
 
@@ -108,10 +109,80 @@ def outside(r, mine, other) -> dict:
     fake = hvd.ProcessSet([0])
     fake.process_set_id = 10
     out["fake"] = _error(lambda: hvd.allreduce(tf.ones(2), process_set=fake))
-    out["tape_solo"] = _error(lambda: hvd.DistributedGradientTape(tf.GradientTape(), mode=hvd.Solo(),
-                                                                  process_set=mine))
-    out["optimizer_majority"] = _error(lambda: hvd_keras.DistributedOptimizer(
-        keras.optimizers.SGD(1.0), mode=hvd.Majority(seed=1), process_set=mine))
+    return out
+
+
+STEPS = 5
+
+
+def _grad(r, step) -> float:
+    return float((r + 1) * (step + 1))  # integers: sums in float32 are exact
+
+
+def _posted(ranks) -> float:
+    """Minus every post of ``ranks`` summed: SGD(1.0) from zero with op=Sum."""
+    return -sum(_grad(m, s) for m in ranks for s in range(STEPS))
+
+
+def _bits(variable) -> str:
+    return variable.numpy().tobytes().hex()
+
+
+def set_modes(r, mine, evens) -> dict:
+    """Solo and majority on each rank's own set: a Keras DistributedOptimizer (steps
+    eager and compiled, then flush()) and a DistributedGradientTape (gradient() to a
+    Keras optimizer, then hvd.flush_tapes()); and a Keras optimizer on ``evens``, that
+    odd ranks are outside of (they step alone)."""
+    out = {}
+    for label, mode in (("solo", hvd.Solo()), ("majority", hvd.Majority(seed=3, quorum=1))):
+        w = tf.Variable(tf.zeros([3]))
+        opt = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(1.0), mode=mode, op=hvd.Sum, process_set=mine)
+
+        @tf.function
+        def compiled(g):
+            opt.apply_gradients([(g, w)])
+
+        for step in range(STEPS):
+            g = tf.ones([3]) * _grad(r, step)
+            if step % 2:
+                compiled(g)
+            else:
+                opt.apply_gradients([(g, w)])
+        opt.flush()
+        stats = opt.stats()
+        keras_out = {"weight": w.numpy().tolist(), "bits": _bits(w), "name": opt.stream_name,
+                     "mode": repr(opt.mode), "rounds": opt.rounds, "stats_ranks": len(stats.get("fresh", [])),
+                     "contributions": sum(stats.get("fresh", [])) + sum(stats.get("stale", []))}
+
+        v = tf.Variable(tf.zeros([2]))
+        plain = keras.optimizers.SGD(1.0)
+        tape_name = None
+        for step in range(STEPS):
+            with tf.GradientTape() as g:
+                loss = tf.reduce_sum(v) * _grad(r, step)
+            tape = hvd.DistributedGradientTape(g, mode=mode, op=hvd.Sum, process_set=mine)
+            plain.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+            tape_name = tape.stream_name
+        flushed = hvd.flush_tapes()
+        tape_out = {"weight": v.numpy().tolist(), "bits": _bits(v), "name": tape_name, "flush_updates": flushed}
+
+        alone = tf.Variable(tf.zeros([1]))
+        outside = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(1.0), mode=mode, op=hvd.Sum,
+                                                 process_set=evens, name=f"on_evens_{label}")
+        for step in range(STEPS):
+            outside.apply_gradients([(tf.ones([1]) * _grad(r, step), alone)])
+        outside.flush()
+        out[label] = {"keras": keras_out, "tape": tape_out,
+                      "evens": {"weight": alone.numpy().tolist(), "name": outside.stream_name}}
+    # model.fit: the epoch flush (FlushCallback) runs among the set's members
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=hvd_keras.DistributedOptimizer(keras.optimizers.SGD(0.01), mode=hvd.Solo(),
+                                                           process_set=mine), loss="mse")
+    xs = np.random.default_rng(r).normal(size=(8, 3)).astype(np.float32)
+    model.fit(xs, xs.sum(axis=1, keepdims=True), epochs=2, batch_size=4, verbose=0)
+    out["fit"] = {"bits": "".join(_bits(v) for v in model.trainable_variables),
+                  "updates": int(model.optimizer.iterations.numpy())}
     return out
 
 
@@ -210,6 +281,8 @@ def main():
     out["gradients"] = gradients(r, mine)
     phase("outside the set")
     out["outside"] = outside(r, mine, other)
+    phase("solo and majority on the sets")
+    out["set_modes"] = set_modes(r, mine, evens)
     phase("tape and optimizer")
     out["sets"] = tape_and_optimizer(r, mine)
     phase("partial optimizer")
