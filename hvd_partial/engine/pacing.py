@@ -14,11 +14,8 @@ import threading
 import time
 
 # While a reduction is in flight the engine tests only it for this long before
-# its next full step (a new command, or a control message probed every 150 us,
-# ends the tests sooner: see Reductions.poll). A full step costs several tests;
-# the engine's timers and a helper collective in progress bound the tests more closely.
-_FOCUS_SECONDS = 1e-3
-_HELPER_FOCUS_SECONDS = 2e-4
+# looking at commands and control messages again (bounds their extra latency).
+_FOCUS_SECONDS = 2e-4
 # How long a post waiting for its round to start is watched continuously
 # before the engine naps (shorter: the designated rank's jitter costs naps).
 _START_PATIENCE_SECONDS = 3e-3
@@ -119,10 +116,7 @@ class Pacing:
                 return
             # A reduction progresses only inside MPI calls: stay in them
             # and look at the rest now and then.
-            deadline = time.perf_counter() + (_HELPER_FOCUS_SECONDS if helper_busy else _FOCUS_SECONDS)
-            if timer is not None:
-                deadline = min(deadline, timer)
-            reductions.poll(deadline, self._commands, look=True)
+            reductions.poll(time.perf_counter() + _FOCUS_SECONDS, self._commands)
         elif helper_busy:
             # A helper collective in progress needs this engine in MPI.
             if idle < 5000:

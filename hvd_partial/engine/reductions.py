@@ -25,10 +25,6 @@ from ..transport.protocol import Transport
 # How long a reduction is tested continuously before the tests space out
 # (reduce_poll_us); see Reductions.poll.
 _PATIENCE_SECONDS = 1e-3
-# While testing, how often Reductions.poll probes for a control message (a
-# probe costs about one test; the engine's full step, which it replaces
-# between looks, costs several times more).
-_LOOK_SECONDS = 1.5e-4
 
 
 def _counted_copies(pool: BufferPool, send: list) -> tuple[list, list]:
@@ -72,10 +68,8 @@ class Reductions:
     """
 
     def __init__(self, transport: Transport, rank: int, reduce_poll_us: float,
-                 complete: Callable[[RankStream, Launch, Any], None], clock: Callable[[], float] = time.perf_counter):
-        """``clock``: seconds, monotonic (tests inject one)."""
+                 complete: Callable[[RankStream, Launch, Any], None]):
         self.transport = transport
-        self._clock = clock
         self.rank = rank
         self._complete = complete
         self._reduce_poll = reduce_poll_us / 1e6
@@ -154,10 +148,9 @@ class Reductions:
                                     "part (a peer died)")
         return True
 
-    def poll(self, deadline: float, commands, look: bool = False) -> None:
+    def poll(self, deadline: float, commands) -> None:
         """Test the oldest reduction of every stream until one completes, a
-        command arrives on the ``commands`` queue or ``deadline`` passes, and
-        with ``look`` until a control message arrives (probed every 150 us).
+        command arrives on the ``commands`` queue or ``deadline`` passes.
 
         Tests follow each other, yielding the CPU in between (a reduction
         progresses only while every rank's engine is in MPI). With
@@ -173,19 +166,14 @@ class Reductions:
         heads = [e.requests for e in entries]
         # With no spacing set the tests never sleep: no need to know the age.
         patient_until = min(e.started for e in entries) + _PATIENCE_SECONDS if self._reduce_poll else float("inf")
-        done, clock = self.transport.done, self._clock
-        look_at = clock() + _LOOK_SECONDS if look else float("inf")
+        done = self.transport.done
         while not commands:
             for requests in heads:
                 if done(requests):
                     return
-            now = clock()
+            now = time.perf_counter()
             if now >= deadline:
                 return
-            if now >= look_at:
-                if self.transport.message_waiting():
-                    return
-                look_at = now + _LOOK_SECONDS
             if now < patient_until:
                 os.sched_yield()
             else:

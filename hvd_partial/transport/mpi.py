@@ -184,9 +184,6 @@ class MpiTransport:
             if 0 <= tag < _TAG_SPAN:  # else a late message of an earlier session: dropped
                 out.append((source, tag, message))
 
-    def message_waiting(self) -> bool:
-        return self.control.iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
-
     def progress_sends(self) -> int:
         """Drop completed sends; returns how many are still outstanding."""
         if self._sends:

@@ -51,9 +51,6 @@ class Transport(Protocol):
         """Every message that has arrived, as ``(source, tag, message)``; ``rung``: a peer
         rang this rank's doorbell, so look harder."""
 
-    def message_waiting(self) -> bool:
-        """Whether a message has arrived for :meth:`receive` (a probe, receiving nothing)."""
-
     def progress_sends(self) -> int:
         """Move queued sends on; returns how many are still outstanding."""
 

@@ -62,31 +62,3 @@ def test_a_nap_ends_by_the_engines_next_timer():
     pacing.nap_while_waiting(since, until=time.perf_counter() - 0.001)  # already due: no nap
     pacing.nap_while_waiting(since, until=time.perf_counter() + 1.0)
     assert 0.0 < bell.waits[0] <= 0.003 and bell.waits[1] == 0.0 and bell.waits[2] == 0.01, bell.waits
-
-
-class InFlight:
-    """Reductions with a round in flight; records each poll's deadline."""
-
-    in_flight = True
-
-    def __init__(self):
-        self.polls = []
-
-    def poll(self, deadline, commands, look=False):
-        self.polls.append((deadline, look))
-
-
-def test_testing_a_round_in_flight_stops_at_the_engines_next_timer():
-    pacing = Pacing(Config(), ScriptedBell(4, []), 4, relays_activations=True, commands=[])
-    reductions = InFlight()
-    before = time.perf_counter()
-    pacing.rest(reductions, helper_busy=False, oldest_wait=None, timer=before - 1.0)  # already due
-    pacing.rest(reductions, helper_busy=False, oldest_wait=None, timer=None)
-    after = time.perf_counter()
-    pacing.rest(reductions, helper_busy=True, oldest_wait=None, timer=None)
-    end = time.perf_counter()
-    (due, look_due), (plain, look), (helping, _) = reductions.polls
-    assert due == before - 1.0 and look_due and look
-    # a millisecond of tests, probing for messages meanwhile; a fifth of that while a helper collective runs
-    assert before + 1e-3 <= plain <= after + 1e-3
-    assert after + 2e-4 <= helping <= end + 2e-4

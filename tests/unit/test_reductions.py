@@ -23,12 +23,6 @@ class ScriptedTransport:
 
     def __init__(self):
         self.started: list[Request] = []
-        self.arrived = False  # a control message waits (message_waiting)
-        self.looks = 0  # message_waiting calls
-
-    def message_waiting(self) -> bool:
-        self.looks += 1
-        return self.arrived
 
     def new_stream_comm(self):
         return object(), None
@@ -46,11 +40,10 @@ class ScriptedTransport:
         return all(r.complete for r in requests)
 
 
-def reductions_with_a_stream(clock=None):
+def reductions_with_a_stream():
     transport = ScriptedTransport()
     completed = []
-    reductions = Reductions(transport, 0, 0.0, lambda stream, launch, reduced: completed.append(launch.round),
-                            **({"clock": clock} if clock is not None else {}))
+    reductions = Reductions(transport, 0, 0.0, lambda stream, launch, reduced: completed.append(launch.round))
     stream = SimpleNamespace(id=0, name="grads")
     reductions.add_stream(stream)
     while reductions.progress():  # the stream's communicator
@@ -92,57 +85,3 @@ def test_an_early_joiner_stops_napping_once_the_facts_complete():
     assert reductions.only_awaiting_start(awaiting)
     transport.started[0].complete = True  # everyone joined: the data needs this rank in MPI
     assert not reductions.only_awaiting_start(awaiting)
-
-
-class SteppingClock:
-    """Each reading is ``step`` seconds after the last; ``hooks[n]()`` runs at the n-th reading."""
-
-    def __init__(self, step, hooks=None):
-        self.now, self.step, self.readings, self.hooks = 100.0, step, 0, hooks or {}
-
-    def __call__(self):
-        self.readings += 1
-        if self.readings in self.hooks:
-            self.hooks[self.readings]()
-        self.now += self.step
-        return self.now
-
-
-def polling(clock, look=True, deadline_after=1e-3):
-    transport, reductions, stream, _ = reductions_with_a_stream(clock)
-    reductions.launch(stream, Launch(0, [np.ones(4, np.float32)], None, owned=[True]))
-    return transport, reductions, clock.now + deadline_after
-
-
-def test_poll_tests_until_the_deadline_probing_for_messages_every_150_us():
-    clock = SteppingClock(1e-5)  # each test loop: one reading, 10 us
-    transport, reductions, deadline = polling(clock)
-    reductions.poll(deadline, [], look=True)
-    # 1 ms of tests with a look every 150 us: 6 looks, not one per test (about 100)
-    assert transport.looks == 6, transport.looks
-    assert clock.now >= deadline
-
-
-def test_poll_returns_at_the_first_look_after_a_message_arrives():
-    clock = SteppingClock(1e-5)
-    transport, reductions, deadline = polling(clock)
-    clock.hooks[40] = lambda: setattr(transport, "arrived", True)  # about 400 us in
-    reductions.poll(deadline, [], look=True)
-    assert transport.looks == 3 and clock.now < deadline, (transport.looks, clock.now - deadline)
-
-
-def test_poll_without_look_never_probes_and_a_completed_round_ends_it():
-    clock = SteppingClock(1e-5)
-    transport, reductions, deadline = polling(clock)
-    clock.hooks[30] = lambda: setattr(transport.started[0], "complete", True)
-    transport.arrived = True
-    reductions.poll(deadline, [], look=False)
-    assert transport.looks == 0 and clock.readings == 30 and clock.now < deadline
-
-
-def test_poll_returns_at_once_on_a_queued_command():
-    clock = SteppingClock(1e-5)
-    transport, reductions, deadline = polling(clock)
-    before = clock.readings
-    reductions.poll(deadline, ["command"], look=True)
-    assert clock.readings - before == 1 and transport.looks == 0  # only the first look's time was read
