@@ -56,9 +56,12 @@ class Config:
     #: 0: the engine tests a reduction in flight continuously, yielding the
     #: CPU between tests. Above 0: once a reduction has been in flight 1 ms,
     #: it is tested this often (microseconds), the engine sleeping in
-    #: between, so that ranks still computing keep the CPU. Worth it where
-    #: ranks outnumber cores and large solo rounds overlap computation.
-    reduce_poll_us: float = 0.0
+    #: between, so that ranks still computing keep the CPU. -1 (the
+    #: default): 200 where this host runs more ranks than this process may
+    #: use cores, else 0 (there the ranks' engines starve each other's
+    #: tests; with a core per rank a spaced test could slow a long network
+    #: reduction, which needs a test to advance each of its steps).
+    reduce_poll_us: float = -1.0
     #: Wake idle engines with a UDP datagram after each urgent control
     #: message, instead of waiting for their next poll (a hint; MPI carries
     #: the message). Turn off where UDP between the hosts is unwanted.
@@ -124,9 +127,11 @@ class Config:
         for name in ("heartbeat_seconds", "failure_timeout_seconds", "idle_poll_ms", "doorbell_poll_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("spin_us", "reduce_poll_us", "activation_delay_us"):
+        for name in ("spin_us", "activation_delay_us"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.reduce_poll_us < 0 and self.reduce_poll_us != -1:
+            raise ConfigError(f"reduce_poll_us must be >= 0, or -1 for the default, got {self.reduce_poll_us}")
         for name in ("max_np", "min_np"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -45,7 +45,7 @@ from .held_floods import HeldFloods
 from .host import EngineHost
 from .leaving import Leaving
 from .liveness import Liveness
-from .pacing import Pacing
+from .pacing import Pacing, reduce_poll_us, usable_cores
 from .readout import EngineReadout
 from .parking import Parking
 from .recovery import recover
@@ -110,7 +110,8 @@ class Engine:
             TAG_FAILURE: lambda source, notice: _fail_if(me, me._liveness.failure_notice(source, notice)),
             TAG_HEARTBEAT: lambda source, beat: None,
             TAG_STATUS: lambda source, status: me._on_status(source, status)}, self._liveness.heard)
-        self._reductions = Reductions(transport, self.rank, config.reduce_poll_us, self._driver.complete)
+        poll_us = reduce_poll_us(config.reduce_poll_us, transport.local_size, usable_cores())
+        self._reductions = Reductions(transport, self.rank, poll_us, self._driver.complete)
         if config.elastic:  # contributions outlive a failure (the transport raises MPI errors, never aborts)
             self._reductions.keep_contributions = True
         self._floods = HeldFloods(config.activation_delay_us / 1e6, self._driver.holds_flood,

@@ -31,6 +31,29 @@ _NAP_MIN_SECONDS = 5e-5
 _RECHECKS = 5
 
 
+# reduce_poll_us=-1: the spacing of a long reduction's tests where a host's ranks
+# outnumber its cores (docs/history/engine-performance.md, issue 36 part 2).
+_OVERSUBSCRIBED_REDUCE_POLL_US = 200.0
+
+
+def reduce_poll_us(configured: float, local_size: int, cores: int) -> float:
+    """The spacing of a long reduction's tests (``Config.reduce_poll_us``):
+    ``configured`` where set (>= 0), else (-1) 200 microseconds where the
+    host's ``local_size`` ranks outnumber the ``cores`` this process may use,
+    0 otherwise."""
+    if configured >= 0:
+        return configured
+    return _OVERSUBSCRIBED_REDUCE_POLL_US if local_size > cores else 0.0
+
+
+def usable_cores() -> int:
+    """How many cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 class Pacing:
     """Sleep and wake-up of one engine thread.
 

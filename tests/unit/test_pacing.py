@@ -62,3 +62,26 @@ def test_a_nap_ends_by_the_engines_next_timer():
     pacing.nap_while_waiting(since, until=time.perf_counter() - 0.001)  # already due: no nap
     pacing.nap_while_waiting(since, until=time.perf_counter() + 1.0)
     assert 0.0 < bell.waits[0] <= 0.003 and bell.waits[1] == 0.0 and bell.waits[2] == 0.01, bell.waits
+
+
+def test_reduce_poll_default_spaces_tests_only_where_ranks_outnumber_cores():
+    from hvd_partial.engine.pacing import reduce_poll_us
+
+    assert reduce_poll_us(-1, local_size=4, cores=2) == 200.0
+    assert reduce_poll_us(-1, local_size=2, cores=2) == 0.0
+    assert reduce_poll_us(-1, local_size=1, cores=16) == 0.0
+    # a value set by the user wins either way
+    assert reduce_poll_us(0, local_size=8, cores=2) == 0.0
+    assert reduce_poll_us(50, local_size=1, cores=16) == 50.0
+
+
+def test_reduce_poll_config_takes_minus_one_or_a_spacing():
+    import pytest
+
+    from hvd_partial.config import Config
+    from hvd_partial.errors import ConfigError
+
+    assert Config().reduce_poll_us == -1
+    assert Config(reduce_poll_us=0).reduce_poll_us == 0
+    with pytest.raises(ConfigError, match="reduce_poll_us"):
+        Config(reduce_poll_us=-2)
