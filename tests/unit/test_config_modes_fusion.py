@@ -121,8 +121,9 @@ def test_large_buffers_are_mapped_zeroed_and_pooled_like_small_ones():
 
 
 def test_poll_settings_are_validated():
-    with pytest.raises(ConfigError, match="reduce_poll_us must be >= 0"):
-        load_config(environ={"HVD_PARTIAL_REDUCE_POLL_US": "-1"})
+    with pytest.raises(ConfigError, match="reduce_poll_us must be >= 0, or -1"):
+        load_config(environ={"HVD_PARTIAL_REDUCE_POLL_US": "-2"})
+    assert load_config(environ={"HVD_PARTIAL_REDUCE_POLL_US": "-1"}).reduce_poll_us == -1.0
     assert load_config(environ={"HVD_PARTIAL_REDUCE_POLL_US": "0"}).reduce_poll_us == 0.0
     with pytest.raises(ConfigError, match="doorbell_poll_ms must be > 0"):
         load_config(environ={"HVD_PARTIAL_DOORBELL_POLL_MS": "0"})

@@ -13,7 +13,7 @@ class _QueuedSends:
     """One rank whose sends stay queued for ``polls`` calls of
     ``progress_sends`` once armed, or forever with ``polls=None``."""
 
-    rank, size, doorbell, quorum_counters, helpers, tag_base = 0, 1, None, None, None, 0
+    rank, size, local_rank, local_size, doorbell, quorum_counters, helpers, tag_base = 0, 1, 0, 1, None, None, None, 0
 
     def __init__(self, polls):
         self.polls = polls
