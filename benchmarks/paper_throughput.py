@@ -334,10 +334,8 @@ def machine() -> dict:
         mpi = MPI.Get_library_version().strip().splitlines()[0]
     except Exception:  # noqa: BLE001 - informational only
         mpi = "unknown"
-    from hvd_partial.config import load_config
-
     return {"cores": os.cpu_count(), "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
-            "mpi": mpi, "loadavg_at_start": load, "control_plane": load_config().control_plane}
+            "mpi": mpi, "loadavg_at_start": load}
 
 
 def main(argv=None):

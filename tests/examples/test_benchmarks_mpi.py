@@ -42,3 +42,24 @@ def test_balanced_steps_benchmark_runs():
         assert re.search(rf"^{task}: median over blocks", res.stdout, re.M), res.tail()
     for method in ("ddp", "sync", "solo", "local"):
         assert len(re.findall(rf"^{method}\s+\d+\.\d+\s+\d+\.\d+\s+\d+\s+\d+", res.stdout, re.M)) == 2, res.tail()
+
+
+def test_paper_accuracy_benchmark_runs_and_evaluates_within_epochs(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = "paper_accuracy_test_smoke"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "paper_accuracy.py"), "--np", "2", "--tasks",
+                          "lstm", "--seeds", "1", "--epochs", "1", "--modes", "ddp,solo", "--lstm-train", "64",
+                          "--lstm-test", "32", "--eval-every", "2", "--timeout", "150", "--out", out],
+                         capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert re.search(r"^\| hvd solo \| \d+\.\d ± \d+\.\d", res.stdout, re.M), res.stdout[-3000:]
+    with open(ROOT / "benchmarks" / "results" / "new" / (out + ".json")) as fh:
+        runs = json.load(fh)["runs"]
+    for run in runs:
+        epochs = [h["epoch"] for h in run["history"]]
+        # 64 samples, 2 ranks, batch 8: 4 steps, so one evaluation within the epoch and one at its end
+        assert epochs == [0.5, 1], (run["mode"], epochs)
+        assert run["replicas_identical"], run["mode"]
