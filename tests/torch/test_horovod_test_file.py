@@ -92,12 +92,16 @@ def test_the_runner_reports_pass_fail_skip_and_hang_per_test(tmp_path):
     source = _stand_in(tmp_path / "horovod")
     listed = tmp_path / "pass.txt"
     listed.write_text("test_sums\ntest_fails_on_rank_one\n")
-    out = tmp_path / "results.json"
-    proc = _run(["--source", str(source), "--pass-list", str(listed), "--timeout", "90", "--json", str(out)], 600)
-    results = json.loads(out.read_text())
+    out, hung = tmp_path / "results.json", tmp_path / "hung.json"
+    finishing = ["-k", "test_sums", "-k", "test_fails_on_rank_one", "-k", "test_skips"]
+    proc = _run(["--source", str(source), "--pass-list", str(listed), "--timeout", "90", "--json", str(out),
+                 *finishing], 600)
+    # The hanging test alone, under a short timeout: it is a hang whenever the runner kills it.
+    hang = _run(["--source", str(source), "--timeout", "8", "--json", str(hung), "-k", "test_hangs_on_rank_one"], 120)
+    results = {**json.loads(out.read_text()), **json.loads(hung.read_text())}
     assert {name: status for name, (status, _) in results.items()} == {
         "test_sums": "PASS", "test_fails_on_rank_one": "FAIL", "test_skips": "SKIP", "test_hangs_on_rank_one": "HANG",
-    }, proc.stdout + proc.stderr
+    }, proc.stdout + proc.stderr + hang.stdout + hang.stderr
     assert "rank 1" in results["test_fails_on_rank_one"][1] and "only rank 0 passes" in results[
         "test_fails_on_rank_one"][1]
     assert "no GPUs here" in results["test_skips"][1]
