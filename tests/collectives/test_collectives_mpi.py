@@ -157,8 +157,13 @@ def test_many_names_keep_communicators_and_memory_flat(tmp_path):
     """1,000 differently named calls (benchmarks/many_names.py runs 10,000)."""
     import json
 
+    from hvd_partial.launch.mpiexec import MpiFlavor, detect_flavor, find_mpiexec
     from mpi_run import ROOT
 
+    if detect_flavor(find_mpiexec()) is MpiFlavor.OPEN_MPI:
+        # Its probe (Dup until MPI refuses, 5 times) stops at its cap of 5,000 there, where it
+        # could not see a leak, and takes minutes on busy cores; MPICH refuses at about 2,046.
+        pytest.skip("Open MPI allows more communicators than the probe counts; the MPICH run measures this")
     out = tmp_path / "many.json"
     run_mpi(str(ROOT / "benchmarks" / "many_names.py"), 2, "--calls", 1000, "--every", 250, "--shapes",
             "--out", out, timeout=180, require_reports=False)
@@ -166,6 +171,7 @@ def test_many_names_keep_communicators_and_memory_flat(tmp_path):
     assert [s["calls"] for s in result["samples"]] == [0, 250, 500, 750, 1000]
     assert len({s["free_communicators"] for s in result["samples"]}) == 1
     assert result["samples"][0]["free_communicators"] > 1000  # the probe measured something
+    assert not result["probe_capped"]  # ... and MPI's limit, not the probe's cap
     assert result["problems"] == []
 
 
