@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from mpi_run import ROOT, run_mpi
+from mpi_run import ROOT, run_job, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -46,16 +46,17 @@ def test_balanced_steps_benchmark_runs():
 
 def test_paper_accuracy_benchmark_runs_and_evaluates_within_epochs(tmp_path):
     import json
-    import subprocess
+    import os
     import sys
 
     out = "paper_accuracy_test_smoke"
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "paper_accuracy.py"), "--np", "2", "--tasks",
-                          "lstm", "--seeds", "1", "--epochs", "1", "--modes", "ddp,solo", "--lstm-train", "64",
-                          "--lstm-test", "32", "--eval-every", "2", "--timeout", "150", "--out", out],
-                         capture_output=True, text=True, timeout=180, cwd=tmp_path)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert re.search(r"^\| hvd solo \| \d+\.\d ± \d+\.\d", res.stdout, re.M), res.stdout[-3000:]
+    # run_job: the launcher, its mpiexec and every rank in one session, all killed on a timeout
+    code, stdout, stderr, timed_out = run_job(
+        [sys.executable, str(ROOT / "benchmarks" / "paper_accuracy.py"), "--np", "2", "--tasks", "lstm", "--seeds",
+         "1", "--epochs", "1", "--modes", "ddp,solo", "--lstm-train", "64", "--lstm-test", "32", "--eval-every", "2",
+         "--timeout", "150", "--out", out], dict(os.environ), 180, cwd=tmp_path)
+    assert code == 0 and not timed_out, stdout[-3000:] + stderr[-3000:]
+    assert re.search(r"^\| hvd solo \| \d+\.\d ± \d+\.\d", stdout, re.M), stdout[-3000:]
     with open(ROOT / "benchmarks" / "results" / "new" / (out + ".json")) as fh:
         runs = json.load(fh)["runs"]
     for run in runs:
