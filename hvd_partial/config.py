@@ -73,6 +73,13 @@ class Config:
     #: each bucket's gradients are complete, so that reductions overlap the
     #: rest of the backward pass (solo and majority post at ``step()``).
     overlap_backward: bool = True
+    #: Solo and majority optimizers (PyTorch and Keras), ``Average``: a round
+    #: that summed more posts than the world has ranks (a rank's posts piled up
+    #: while the round waited for its initiator) is divided by its number of
+    #: posts instead of the world size, so that no applied round steps further
+    #: than a synchronous one. Off: the sum divided by the world size (the
+    #: eager-SGD paper's rule). Every rank must use the same setting.
+    cap_round_step: bool = True
     #: Level of the ``hvd_partial`` logger (DEBUG, INFO, WARNING, ERROR).
     log_level: str = "WARNING"
     #: Install a ``sys.excepthook`` that tells the other ranks when this rank

@@ -102,6 +102,19 @@ def round_scale(result, average: bool) -> float:
     return (result.world_size or 1) if average else 1
 
 
+def step_scale(result, average: bool, capped: bool) -> float:
+    """What an optimizer multiplies round ``result``'s reduced gradient by before
+    applying it as one step: ``world / posts`` where ``Average`` summed more
+    posts than the world has ranks (a rank's posts piled up while the round
+    waited) and ``capped`` (config ``cap_round_step``), else 1; so that no
+    round steps further than a synchronous round. The same on every rank."""
+    if not (average and capped):
+        return 1.0
+    world = result.world_size or 1
+    posts = posts_in(result.arrays[-1], world)
+    return world / posts if posts > world else 1.0
+
+
 def values_of_round(result, average: bool) -> list[float]:
     """The carried values of ``result``'s round, whose carried array is its last
     (a round with data: at least one post carried them); ``average``: the stream

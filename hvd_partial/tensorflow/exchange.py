@@ -598,15 +598,20 @@ class GradientExchange:
         self.rounds_taken += len(results)
         self.updates += len(useful)
         self.last_results = results
+        average = self.op is _core.Average
+        # cap_round_step needs each round's count of posts, which only a stream that carries values has.
+        capped = bool(self.carries) and _core.config().cap_round_step
+        scales = [carried_values.step_scale(r, average, capped) for r in useful]
         out = []
         for j, group in enumerate(self.plan.groups):
             stacked = np.empty((len(useful), group.size), dtype=group.wire)
             for i, result in enumerate(useful):
                 stacked[i] = result.arrays[j]
+                if scales[i] != 1.0:
+                    stacked[i] *= stacked.dtype.type(scales[i])
             out.append(stacked)
         self.last_values = []
         if self.carries:
-            average = self.op is _core.Average
             values = np.empty((len(useful), self.carries), np.float64)
             for i, result in enumerate(useful):
                 values[i] = carried_values.values_of_round(result, average)

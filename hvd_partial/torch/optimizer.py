@@ -40,6 +40,7 @@ import hvd_partial as _core
 from .. import session as _session
 from ..api import post_grouped
 from ..collectives.process_sets import check_process_set, global_process_set, set_engine
+from ..core import carried_values
 from ..core.round_result import RoundResult
 from ..errors import ConfigError, HvdPartialError, MismatchError, UnsupportedInputError
 from ..modes import Mode, ReduceOp
@@ -398,7 +399,7 @@ class DistributedOptimizer(WrappedOptimizer):
         self.last_results = [r.facts_only() for r in results]
         first = next((r for r in results if r.has_data), None)
         if first is not None:
-            self._grads.load(first, ctxs)
+            self._load_round(first, ctxs)
             self._loaded = (first.round, self._grads.versions())
         self._synchronized = True
         return self.last_results
@@ -605,7 +606,7 @@ class DistributedOptimizer(WrappedOptimizer):
                     # and weight decay, which no gradient asked for.
                     continue
                 if loaded is None or result.round != loaded[0]:
-                    self._grads.load(result, self._ctxs)
+                    self._load_round(result, self._ctxs)
                 applied = self._carried.of_round(result, self._op is ReduceOp.AVERAGE)
                 self._carried.write(applied)
                 self._inner.step()
@@ -615,6 +616,11 @@ class DistributedOptimizer(WrappedOptimizer):
                     local = [a if a != b else old for a, b, old in zip(after, applied, local)]
         finally:
             self._carried.write(local)
+
+    def _load_round(self, result: RoundResult, ctxs: list) -> None:
+        """Every ``p.grad`` set to ``result``'s gradient as one step applies it (``cap_round_step``)."""
+        scale = carried_values.step_scale(result, self._op is ReduceOp.AVERAGE, _core.config().cap_round_step)
+        self._grads.load(result, ctxs, scale)
 
     def _took(self, round_number: int | None) -> None:
         """Rounds up to ``round_number`` of the stream are taken here. ``_taken`` counts

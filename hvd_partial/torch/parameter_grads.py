@@ -196,8 +196,9 @@ class ParameterGradients:
             handles[i] = sparse_allreduce_async(g, f"{self.stream}.sparse.{self.names[i]}", op)
         self._sparse_grads = {i: synchronize(h).coalesce() for i, h in handles.items()}
 
-    def load(self, result: RoundResult, ctxs: list) -> None:
-        """Set every ``p.grad`` to round ``result``'s reduced gradient (decompressed with ``ctxs``)."""
+    def load(self, result: RoundResult, ctxs: list, scale: float = 1.0) -> None:
+        """Set every ``p.grad`` to round ``result``'s reduced gradient (decompressed with
+        ``ctxs``), times ``scale`` (:func:`hvd_partial.core.carried_values.step_scale`)."""
         arrays = result.arrays
         sparse = set(self._sparse_idx or ())
         params = [p for i, p in enumerate(self.params) if i not in sparse]
@@ -211,6 +212,8 @@ class ParameterGradients:
             g = self.compression.decompress(g, ctx)
             if g.dtype != p.dtype:
                 g = g.to(p.dtype)
+            if scale != 1.0:
+                g = g * scale  # not in place: g may view the round's buffer, loaded again at step()
             if p.grad is not None and p.grad.is_sparse:
                 g = g.to_sparse()  # sparse_as_dense: back to the layout the optimizer expects, as Horovod does
             p.grad = g
