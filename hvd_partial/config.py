@@ -22,6 +22,9 @@ from .config_retired import refuse_retired
 from .errors import ConfigError
 
 ENV_PREFIX = "HVD_PARTIAL_"
+#: Config fields compared across ranks at ``init`` (others either may differ, or a
+#: difference already fails a stream's registration).
+AGREED_FIELDS = ("cap_round_step",)
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,11 @@ class Config:
             raise ConfigError(f"log_level must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {self.log_level!r}")
         check_extra_fields(self)
 
+    def agreed(self) -> dict[str, Any]:
+        """The fields every rank must set alike where nothing else would notice a
+        difference (the replicas would drift apart); ``init`` compares them."""
+        return {name: getattr(self, name) for name in AGREED_FIELDS}
+
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)
 
@@ -177,6 +185,19 @@ def _parse(field_type: Any, text: str, source: str) -> Any:
         return text
     except ValueError:
         raise ConfigError(f"{source}={text!r} is not a valid {kind}") from None
+
+
+def disagreement(per_rank: list[dict[str, Any]]) -> str | None:
+    """What differs between the ranks' :meth:`Config.agreed` fields (index = rank), or None."""
+    out = []
+    for name in AGREED_FIELDS:
+        values: dict = {}
+        for rank, agreed in enumerate(per_rank):
+            values.setdefault(agreed[name], []).append(rank)
+        if len(values) > 1:
+            out.append(f"{name} (HVD_PARTIAL_{name.upper()}) is " + ", ".join(
+                f"{value!r} on rank(s) {ranks}" for value, ranks in values.items()))
+    return "; ".join(out) or None
 
 
 def load_config(overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Config:

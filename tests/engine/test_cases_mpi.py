@@ -18,6 +18,11 @@ def test_calls_before_init_and_after_shutdown_fail_clearly():
     run_case_job(CASES, 2, "before_init")
 
 
+def test_settings_that_must_agree_fail_init_on_every_rank():
+    res = run_case_job(CASES, 2, "settings_disagree")
+    assert res.results[0]["error"].split(": ", 2)[2] == res.results[1]["error"].split(": ", 2)[2]
+
+
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5])
 def test_sync_equals_plain_mpi_allreduce_bitwise(nprocs):
     run_case_job(CASES, nprocs, "sync_equals_allreduce")

@@ -95,3 +95,16 @@ def test_a_round_with_a_single_contributor_applies_its_rate(run, mode):
         applied = {r: (posts, rate, contributors) for r, posts, rate, contributors in part["rounds"]}
         for r, posts, rate in alone:
             assert applied[r] == (1, rate, [0])
+
+
+def test_rounds_of_piled_posts_step_no_further_than_a_synchronous_round(run):
+    """``cap_round_step`` (on): a majority round that summed more posts than the
+    world has ranks is divided by its posts, so each applied round steps at most 1."""
+    parts = [run[rank]["piled"] for rank in sorted(run)]
+    assert len({p["weight"] for p in parts}) == 1
+    for part in parts:  # every rank takes every round, at calls of its own
+        calls = part["calls"]
+        assert sum(sum(posts) for _, posts in calls) == SIZE * part["posts"]  # every post in one round
+        assert any(n > SIZE for _, posts in calls for n in posts), f"no round summed more than {SIZE} posts"
+        for step, posts in calls:
+            assert step == sum(n / max(SIZE, n) for n in posts), (step, posts)

@@ -772,5 +772,21 @@ def idle_cpu():
     hvd.shutdown()
 
 
+@case
+def settings_disagree():
+    """Ranks that set cap_round_step differently: init fails on every rank, naming
+    the field and each rank's value, and a later init with equal settings works."""
+    rank = MPI.COMM_WORLD.Get_rank()
+    err = expect(hvd.ConfigError, hvd.init, cap_round_step=(rank == 0))
+    assert f"rank {rank}: " in err and "cap_round_step" in err, err
+    assert "True on rank(s) [0]" in err and "False on rank(s) [1]" in err, err
+    assert not hvd.is_initialized()
+    hvd.init(cap_round_step=False)
+    (got,) = hvd.partial_allreduce(np.ones(3), "after", mode=hvd.Sync(), op=hvd.Sum)
+    assert np.array_equal(got.array, np.full(3, 2.0))
+    hvd.shutdown()
+    report({"error": err})
+
+
 if __name__ == "__main__":
     run_case()

@@ -8,7 +8,9 @@ for each mode named in argv[1] (comma-separated), on every rank:
   optimizer, uneven step counts as above;
 - ``alone`` (solo and majority): after a flush, rank 0 alone takes three
   steps, each with a rate of its own, while the others wait in a barrier;
-  then every rank flushes.
+  then every rank flushes;
+- ``piled`` (with majority): unit gradients at rate 1 in a custom loop, so
+  that each call's step counts its rounds' posts over their divisors.
 
 Reported per scenario: every round applied (round, posts summed, rate,
 contributors), the rate each step posted and the rate read back after it,
@@ -131,6 +133,25 @@ def alone_case(rank, model, opt, recorder, xs, ys):
             "rates": [float(np.float32(r)) for r in rates], "digest": digest(model, opt)}
 
 
+def piled_case(rank, size):
+    """Majority rounds of unit gradients with SGD at rate 1 (custom loop, eager), the
+    last rank slow at every third step: each call's step is the sum over its rounds
+    of posts / divisor (``cap_round_step``: the larger of posts and world size)."""
+    w = keras.Variable(np.zeros(1, np.float32))
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), mode=hvd.Majority(seed=3), name="piled")
+    calls = []
+    for i in range(60):
+        if rank == size - 1 and i % 3 == 0:
+            time.sleep(0.02)  # imbalance, not ordering: posts of the others pile up in some rounds
+        before = float(w.numpy()[0])
+        opt.apply_gradients([(np.ones(1, np.float32), w)])
+        calls.append([before - float(w.numpy()[0]), [posts for _, posts, _ in opt.exchange.last_values]])
+    before = float(w.numpy()[0])
+    opt.flush()
+    calls.append([before - float(w.numpy()[0]), [posts for _, posts, _ in opt.exchange.last_values]])
+    return {"calls": calls, "weight": float(w.numpy()[0]), "posts": 60}
+
+
 def main():
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -145,6 +166,9 @@ def main():
             out[mode]["alone"] = alone_case(rank, model, opt, recorder, xs, ys)
         phase(f"{mode}: schedule")
         out[mode]["schedule"] = schedule_case(rank, size, mode)
+    if "majority" in sys.argv[1].split(","):
+        phase("piled")
+        out["piled"] = piled_case(rank, size)
     report(out)
     hvd.shutdown()
 
