@@ -64,3 +64,16 @@ def test_paper_accuracy_benchmark_runs_and_evaluates_within_epochs(tmp_path):
         # 64 samples, 2 ranks, batch 8: 4 steps, so one evaluation within the epoch and one at its end
         assert epochs == [0.5, 1], (run["mode"], epochs)
         assert run["replicas_identical"], run["mode"]
+
+
+def test_piled_rounds_benchmark_runs_with_the_cap_on_and_off(tmp_path):
+    import os
+    import sys
+
+    code, stdout, stderr, timed_out = run_job(
+        [sys.executable, str(ROOT / "benchmarks" / "piled_rounds.py"), "--np", "2", "--modes", "majority", "--seeds",
+         "1", "--timeout", "150", "--epochs", "1"], dict(os.environ), 180, cwd=tmp_path)
+    assert code == 0 and not timed_out, stdout[-3000:] + stderr[-3000:]
+    for cap in ("on", "off"):
+        assert re.search(rf"^\| {cap} \| majority \| 0 \| \d+ \| \d+ \| \d+ \| \d+\.\d\d \| \d+\.\d\d \|", stdout,
+                         re.M), stdout[-3000:]
