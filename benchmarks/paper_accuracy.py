@@ -214,7 +214,7 @@ def train_one(task: Task, mode: str, args, rank: int, size: int) -> dict:
     from paper_throughput import mode_for
 
     model = task.model()
-    inner = torch.optim.SGD(model.parameters(), lr=task.lr, momentum=0.9)
+    inner = torch.optim.SGD(model.parameters(), lr=task.lr, momentum=args.momentum)
     if mode == "ddp":
         net = torch.nn.parallel.DistributedDataParallel(model)
         opt = inner
@@ -458,6 +458,7 @@ def parse_args(argv=None):
     parser.add_argument("--step-ms", type=float, default=20.0, help="cnn: device time per step")
     parser.add_argument("--delay-ms", type=float, default=100.0, help="cnn: extra time of the delayed rank")
     parser.add_argument("--cnn-batch", type=int, default=16, help="per rank")
+    parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum, both tasks, every method")
     parser.add_argument("--cnn-lr", type=float, default=0.05)
     parser.add_argument("--cnn-target", type=float, default=0.95)
     parser.add_argument("--lstm-train", type=int, default=768)

@@ -44,7 +44,7 @@ def worker(out: str, modes: list[str], seeds: list[int], argv: list[str]) -> Non
         task = pa.Task("cnn", seed, args, size)
         for mode in modes:
             model = task.model()
-            opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=task.lr, momentum=0.9),
+            opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=task.lr, momentum=args.momentum),
                                            named_parameters=model.named_parameters(),
                                            mode=mode_for(mode, size, seed), max_staleness=args.max_staleness,
                                            name=f"piled-{mode}-{seed}")

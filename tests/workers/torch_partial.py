@@ -41,9 +41,20 @@ def main():
     applied = [torch.zeros_like(p) for p in model.parameters()]
     local = [torch.zeros_like(p) for p in model.parameters()]
 
+    # cap_round_step scales a round that summed more posts than ranks; conservation is of the sums, so the
+    # capture divides the scale back out (the scale is what the optimizer passed when it loaded the round).
+    scales = []
+    load = opt._grads.load
+
+    def recording_load(result, ctxs, scale=1.0):
+        scales.append(scale)
+        load(result, ctxs, scale)
+
+    opt._grads.load = recording_load
+
     def capture(optimizer, args, kwargs):  # before every applied round: the round's result
         for acc, p in zip(applied, model.parameters()):
-            acc += p.grad
+            acc += p.grad / scales[-1]
 
     def record(optimizer, args, kwargs):  # after every applied round: the replica's state
         per_round[opt.rounds] = fingerprint(model, optimizer)
@@ -90,6 +101,10 @@ def main():
         opt.flush()
         if rank == size - 1:
             await_others("catch-up")
+            # each other rank's two steps completed two rounds at least; wait until this engine has them too
+            stream = hvd_partial.session.current().engine.readout.stream_state("partial")
+            while stream.completed - stream.taken < 2:
+                time.sleep(0.001)
         else:
             step()
             step()
