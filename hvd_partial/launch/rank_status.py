@@ -280,12 +280,14 @@ def collect(directory: str, nprocs: int) -> dict[int, dict | None]:
     started = set()
     for entry in os.listdir(closed):
         parts = entry.split(".")
-        if parts[0] == "joined" and len(parts) == 3 and parts[1].isdigit() and parts[2] in ("json", "ended"):
+        # (a wrapper killed before its program ended leaves only its start mark: a lost rank)
+        if parts[0] == "joined" and len(parts) == 3 and parts[1].isdigit() and parts[2] in ("json", "ended",
+                                                                                              "started"):
             started.add(int(parts[1]))
     for rank in sorted(started):
         record = _read_record(closed, rank, True)
         out[rank] = record if record is not None else {"rank": rank, "returncode": -9, "joined": True,
-                                                       "ended": False}
+                                                       "ended": False, "unrecorded": True}
     for rank, record in out.items():  # ranks that left because their hosts were drained
         kind = "joined" if rank in started else "rank"
         if record is not None and os.path.exists(os.path.join(closed, f"{kind}.{rank}.drained")):
@@ -309,7 +311,7 @@ def _read_record(closed: str, rank: int, joined: bool) -> dict | None:
 
 def describe(record: dict | None) -> str:
     """How a rank ended, in words."""
-    if record is None:
+    if record is None or record.get("unrecorded"):
         return "no exit recorded"
     code = record["returncode"]
     if code < 0:

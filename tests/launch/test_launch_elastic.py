@@ -337,6 +337,21 @@ def test_collect_reads_every_record_and_removes_the_folder(tmp_path):
     assert rank_status.collect(str(folder), 2) == {0: None, 1: None}  # already gone: nothing recorded
 
 
+def test_a_started_rank_that_left_no_record_is_counted_lost(tmp_path):
+    # Open MPI's launcher can kill a rank a grow started, wrapper and all, before it records
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for rank in (0, 1):
+        (folder / f"rank.{rank}.json").write_text(json.dumps(rec(rank, 0)))
+    (folder / "joined.2.json").write_text(json.dumps({**rec(2, 0), "joined": True}))
+    (folder / "joined.2.started").touch()
+    (folder / "joined.3.started").touch()
+    records = rank_status.collect(str(folder), 2)
+    assert sorted(records) == [0, 1, 2, 3] and records[3]["joined"], records
+    ok, line = rank_status.verdict(records, 1)
+    assert ok and "3 of 4 ranks finished; lost rank 3 (no exit recorded); started rank 2 (exit 0), rank 3" in line, line
+
+
 # ===== the whole launcher, through a stand-in mpirun ==============================
 
 # Runs every rank of "-n N PROGRAM..." one after another with OMPI_COMM_WORLD_RANK set,

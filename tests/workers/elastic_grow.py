@@ -14,8 +14,10 @@ starts ``run`` with ``sync()``.
 Every rank that ends, survivor or new, writes ``member.<n>.json`` into
 ``HVD_TEST_OUT`` (``n``: its number, as at init, or after every earlier rank
 for a new one): its world, a digest of its weights and what the rounds after
-the grow said. Then it shuts down and ends with ``os._exit(0)`` (MPI_Finalize
-may wait forever after a failure).
+the grow said. Then it shuts down; a survivor ends with ``os._exit(0)``
+(MPI_Finalize may wait forever after a failure), the new rank returns through
+``MPI_Finalize`` (it saw no failure, and Open MPI's launcher ends the whole job
+when a rank a grow started exits without finalizing).
 """
 
 import json
@@ -70,6 +72,8 @@ def main(_token, victim, kill_round, steps, point="round_launched"):
         json.dump(out, fh)
     os.replace(path + ".tmp", path)
     hvd.shutdown()
+    if joined:
+        return
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
