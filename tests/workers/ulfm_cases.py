@@ -174,6 +174,7 @@ def grow_back(token):
     assert child[1] == 1 and child[2], child  # a world of its own, started by grow
     assert child[0] not in [v[0] for v in views[:3]], views
     report({**outcome(step, err, shrunk), "merged_size": merged.Get_size(), "child": child})
+    merged.barrier()  # the joiner ends after every report: Open MPI's launcher ends the job when it does
     leave()
 
 
@@ -184,6 +185,7 @@ def joiner():
     recv = one_hot_sum(merged)
     assert np.array_equal(recv, np.ones(4)), recv.tolist()
     merged.allgather((os.getpid(), MPI.COMM_WORLD.Get_size(), spawned))
+    merged.barrier()  # until the others reported (see grow_back)
     leave()
 
 
