@@ -28,6 +28,9 @@ cannot be isolated. This replays the same task in one process, in two passes:
      stale posts do the harm);
    - ``damped``: as run, each gradient divided by 1 plus its staleness (the
      staleness-aware rate of Zhang et al., 2016);
+   - ``compensated``: as run, each late gradient g corrected to
+     g + lambda g*g*(w_now - w_then) for the rounds it missed (the delay
+     compensation of Zheng et al., 2017, DC-ASGD; ``--dc-lambda``);
    - ``sync``: the protocol in Sync mode (every round holds every rank's post
      of one step): DDP's arithmetic.
 
@@ -66,7 +69,7 @@ for path in (HERE, HERE.parent):
         sys.path.insert(0, str(path))
 from result_files import new_result_path  # noqa: E402
 
-RULES = ("as-run", "fresh", "damped", "fresh-late", "fresh-next")
+RULES = ("as-run", "fresh", "damped", "compensated", "fresh-late", "fresh-next")
 
 
 @dataclass
@@ -200,6 +203,8 @@ def train(task, schedule: Schedule, rule: str, args, world_size: int) -> dict:
             g = gradient(versions[at], post)
             if rule == "damped":  # a stale gradient weighted down by its staleness (1 / (1 + staleness))
                 g = g / (1 + k - post.version)
+            elif rule == "compensated" and at != k:  # delay compensation (DC-ASGD): g + l g*g*(w_k - w_at)
+                g = g + args.dc_lambda * g * g * (versions[k] - versions[at])
             total = g if total is None else total + g
         scale = 1.0 / world_size
         if args.cap_round_step and len(ids) > world_size:
@@ -256,6 +261,7 @@ def main(argv=None) -> None:
     parser.add_argument("--jitter-ms", type=float, default=5.0,
                         help="each step takes up to this much more, drawn per (seed, draw, rank, step)")
     parser.add_argument("--draws", type=int, default=4, help="runs per seed, each with its own jitter")
+    parser.add_argument("--dc-lambda", type=float, default=0.5, help="the compensated rule's lambda")
     parser.add_argument("--decay-at", type=int, default=None, metavar="EPOCH",
                         help="the rate times 0.1 for the rounds of epochs EPOCH (from 0) on, every mode")
     parser.add_argument("--no-cap", dest="cap_round_step", action="store_false")
