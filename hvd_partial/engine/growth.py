@@ -227,6 +227,7 @@ def _change(current, carried: dict, leave: tuple, spawn: tuple, began: float, la
             started = grown_world.joined[-count:] if count else ()
             link = None
             if count:
+                watch.expect(started)
                 placements = [(_spawn_info(host, launcher_host), n) for host, n in spawn]
                 grown = spawn_and_merge_on(comm, spawn_command(started[0]), placements)
                 comm, link = grown.comm, grown.link
@@ -236,6 +237,7 @@ def _change(current, carried: dict, leave: tuple, spawn: tuple, began: float, la
             handshake = Handshake(grown_world, started, carried, names)
             size = len(pickle.dumps(handshake, protocol=pickle.HIGHEST_PROTOCOL))
             comm.bcast(handshake, root=0)
+            watch.expect()  # the new ranks are in: from here a failure is one of MPI's
             _start(current, comm, link, handshake, list(engine.unpark_listeners))
     except Exception as err:
         if _mpi_error(err):
@@ -266,8 +268,12 @@ class FailureWatch:
     communicator in use (``follow``); on one it logs an error naming the ranks lost (numbered
     as in ``World.members``) and ends this process with status 1, so the job fails instead
     of hanging. A step that raises instead (an MPI error) becomes :class:`RankFailedError`
-    naming them (:meth:`raise_if_lost`). Needs ``MPI_THREAD_MULTIPLE`` (else only the
-    errors are turned into :class:`RankFailedError`)."""
+    naming them (:meth:`raise_if_lost`). Watching MPI's failures needs
+    ``MPI_THREAD_MULTIPLE`` (else only the errors are turned into
+    :class:`RankFailedError`). A new rank that dies before it joins (an import error, a
+    program not found) is no rank of any communicator yet, and ``Spawn`` waits for it
+    forever: under ``hvd-partial-run --elastic`` the thread also looks for the rank
+    wrapper's record of its end (``expect``), and ends this process the same way."""
 
     POLL_SECONDS = 0.05
     REPORT_SECONDS = 5.0
@@ -275,6 +281,8 @@ class FailureWatch:
     def __init__(self, who: str, what: str):
         self._who, self._what = who, what
         self._comm, self._members = None, None
+        self._joiners: tuple[int, ...] = ()  # the numbers of the new ranks not in yet
+        self._mpi_watch = False  # whether MPI may be asked from this thread
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = None
@@ -284,6 +292,19 @@ class FailureWatch:
         r is numbered ``members[r]`` (None: r)."""
         with self._lock:
             self._comm, self._members = comm, None if members is None else tuple(members)
+
+    def expect(self, numbers=()) -> None:
+        """Watch for the end of the new ranks numbered ``numbers`` (by the launcher's records)
+        until they are in (``expect()`` then)."""
+        with self._lock:
+            self._joiners = tuple(numbers)
+
+    def ended_joiners(self) -> dict:
+        """The expected new ranks that ended (number -> the launcher's record or None)."""
+        from ..launch.rank_status import ended_joiners
+
+        with self._lock:
+            return ended_joiners(self._joiners) if self._joiners else {}
 
     def lost(self) -> list[int]:
         """The ranks of the watched communicator MPI knows have failed, numbered as members."""
@@ -310,9 +331,9 @@ class FailureWatch:
     def __enter__(self):
         from mpi4py import MPI
 
-        if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
-            self._thread = threading.Thread(target=self._run, name="hvdp-grow-watch", daemon=True)
-            self._thread.start()
+        self._mpi_watch = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+        self._thread = threading.Thread(target=self._run, name="hvdp-grow-watch", daemon=True)
+        self._thread.start()
         return self
 
     def __exit__(self, *exc):
@@ -322,15 +343,24 @@ class FailureWatch:
         return False
 
     def _run(self) -> None:
+        from ..launch.rank_status import describe
+
         while not self._stop.wait(self.POLL_SECONDS):
-            lost = self.lost()
-            if lost and not self._stop.is_set():
+            lost = self.lost() if self._mpi_watch else []
+            ended = self.ended_joiners()
+            if self._stop.is_set() or not (lost or ended):
+                continue
+            if lost:
                 log.error("%s: rank(s) %s died while %s; a failure during a grow is not survived: ending this "
                           "process", self._who, lost, self._what)
-                for stream in (sys.stdout, sys.stderr):
-                    stream.flush()
-                logging.shutdown()
-                os._exit(1)
+            else:
+                log.error("%s: new rank(s) %s ended before joining while %s; a failure during a grow is not "
+                          "survived: ending this process", self._who,
+                          ", ".join(f"{n} ({describe(record)})" for n, record in sorted(ended.items())), self._what)
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            logging.shutdown()
+            os._exit(1)
 
 
 def _leave(current, world: World):

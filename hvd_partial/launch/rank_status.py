@@ -114,6 +114,28 @@ def mark_exit_now() -> None:
         pass
 
 
+def ended_joiners(numbers) -> dict[int, dict | None]:
+    """In a program started by ``hvd-partial-run --elastic``: of the ranks a grow is
+    starting, numbered ``numbers``, those whose wrapper has recorded how they ended
+    (number -> the record, None where it could not be read): a rank that ended before
+    the grow let it in died there. Empty outside the launcher."""
+    mark = os.environ.get(EXIT_MARK_ENV)
+    if not mark:
+        return {}
+    directory = os.path.dirname(mark)
+    out = {}
+    for number in numbers:
+        path = status_path(directory, number, True)
+        if not os.path.exists(path):
+            continue
+        try:
+            with open(path) as fh:
+                out[number] = json.load(fh)
+        except (OSError, ValueError):
+            out[number] = None
+    return out
+
+
 def note_drained() -> None:
     """Tell the launcher that this rank left because its host was drained (``rank.N.drained``
     or ``joined.N.drained`` beside its exit marker; the summary names it)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -33,7 +34,7 @@ CHANGE_STEP = 4
 APPLIED_AT = 6  # the first commit after CHANGE_STEP
 
 
-def run_discovery(first: int, then: int) -> tuple[int, str, dict]:
+def run_discovery(first: int, then: int, *extra: str, timeout: float = 240) -> tuple[int, str, dict]:
     word = token()
     folder = tempfile.mkdtemp(prefix=f"{word}-")
     out_dir = os.path.join(folder, "out")
@@ -45,9 +46,9 @@ def run_discovery(first: int, then: int) -> tuple[int, str, dict]:
     os.chmod(script, os.stat(script).st_mode | stat.S_IXUSR)
     cmd = [sys.executable, "-m", "hvd_partial.launch.cli", "--host-discovery-script", script, "--min-np", "1",
            sys.executable, str(WORKERS / "elastic_discovery.py"), word, slots, str(CHANGE_STEP), str(then),
-           str(STEPS)]
+           str(STEPS), *extra]
     try:
-        code, _, stderr, reports = run_member_job(cmd, out_dir)
+        code, _, stderr, reports = run_member_job(cmd, out_dir, timeout)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     assert_no_leftovers(word)
@@ -85,3 +86,16 @@ def test_a_host_listing_more_slots_gets_new_ranks(ulfm):
     weights = np.array(reports[0]["weights"])
     new_posts = STEPS - APPLIED_AT  # the new ranks start from the synced step
     assert weights[:4].tolist() == [STEPS, STEPS, new_posts, new_posts] and not weights[4:].any(), weights
+
+
+def test_a_new_rank_that_dies_before_joining_fails_the_job_naming_it(ulfm):
+    # MPI's Spawn waits forever for a process that ends before MPI_Init; the ranks it left
+    # waiting see the launcher's record of its end and fail the job instead (the timeout
+    # of run_member_job kills a hang and fails the test)
+    code, stderr, reports = run_discovery(2, 4, "joined-fails", timeout=120)
+    assert code != 0, stderr[-6000:]
+    for rank in (0, 1):
+        assert re.search(rf"rank {rank}: new rank\(s\) [23](, 3)? \(exit 1 mid-run\)[^\n]* ended before joining "
+                         rf"while the world changed from 2 to 4 ranks", stderr), stderr[-6000:]
+    assert "ImportError: this new rank cannot start" in stderr, stderr[-6000:]
+    assert "fewer than --min-np 1" in stderr and reports == {}, (reports, stderr[-3000:])

@@ -337,6 +337,17 @@ def test_collect_reads_every_record_and_removes_the_folder(tmp_path):
     assert rank_status.collect(str(folder), 2) == {0: None, 1: None}  # already gone: nothing recorded
 
 
+def test_a_program_sees_which_new_ranks_ended_by_their_wrappers_records(tmp_path, monkeypatch):
+    monkeypatch.delenv(rank_status.EXIT_MARK_ENV, raising=False)
+    assert rank_status.ended_joiners([2, 3]) == {}  # not under the launcher
+    monkeypatch.setenv(rank_status.EXIT_MARK_ENV, str(tmp_path / "rank.0.ended"))
+    assert rank_status.ended_joiners([2, 3]) == {}
+    (tmp_path / "joined.3.json").write_text(json.dumps({**rec(3, 1, ended=False), "joined": True}))
+    (tmp_path / "joined.2.started").touch()  # started, not ended
+    (tmp_path / "joined.4.json").write_text("{torn")
+    assert rank_status.ended_joiners([2, 3, 4]) == {3: {**rec(3, 1, ended=False), "joined": True}, 4: None}
+
+
 def test_a_started_rank_that_left_no_record_is_counted_lost(tmp_path):
     # Open MPI's launcher can kill a rank a grow started, wrapper and all, before it records
     folder = tmp_path / "ranks"

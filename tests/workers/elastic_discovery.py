@@ -1,6 +1,7 @@
 """Following a host discovery script under ``hvd-partial-run --elastic
 --host-discovery-script`` (see tests/launch/test_discovery_mpi.py):
-``elastic_discovery.py TOKEN SLOTS_FILE CHANGE_STEP NEW_SLOTS STEPS``.
+``elastic_discovery.py TOKEN SLOTS_FILE CHANGE_STEP NEW_SLOTS STEPS [joined-fails]``
+(``joined-fails``: a new rank raises ImportError before ``hvd.init()``).
 
 The script the test gives the launcher prints ``localhost:N``, N read from
 SLOTS_FILE. A numpy training loop in ``hvd.elastic.run``: each step posts a
@@ -29,11 +30,14 @@ import numpy as np
 import hvd_partial as hvd
 from elastic_grow import WIDTH, train  # (this folder is the script's: first on sys.path)
 from hvd_partial.errors import RankDrained
+from hvd_partial.launch.rank_status import EXIT_MARK_ENV
 from hvd_partial.elastic import ObjectState
 
 
-def main(_token, slots_file, change_step, new_slots, steps):
+def main(_token, slots_file, change_step, new_slots, steps, joined_fails=""):
     change_step, new_slots, steps = int(change_step), int(new_slots), int(steps)
+    if joined_fails and "joined." in os.environ.get(EXIT_MARK_ENV, ""):  # a new rank's wrapper marks it so
+        raise ImportError("this new rank cannot start")  # before MPI_Init, as a broken install would
     hvd.init()
     me = hvd.world()
     is_new = me.original_rank in me.joined
