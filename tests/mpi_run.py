@@ -54,9 +54,31 @@ def run_job(cmd: list, env: dict, timeout: float, cwd=None) -> tuple[int, str, s
         stdout, stderr = proc.communicate(timeout=timeout)
         return proc.returncode, stdout, stderr, False
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_session(proc.pid)
         stdout, stderr = proc.communicate()
         return proc.returncode, stdout, stderr, True
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid``: its process group, and the groups of
+    their own that Open MPI's launcher gives the ranks it starts."""
+    try:
+        os.killpg(sid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # its leader's group is gone; members of the session may not be
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        if int(fields[3]) == sid:  # (state, ppid, pgrp, session, ...)
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def run_mpi(worker: str, nprocs: int, *args, timeout: float = 90, env: dict | None = None,

@@ -6,7 +6,9 @@ launcher starts every rank through this file, run as a script::
 
     mpirun ... python -I .../hvd_partial/launch/rank_status.py python train.py
 
-The wrapper runs the program as its child, waits for it, and writes
+The wrapper runs the program as its child (which dies with it), ends with the
+process that started it (Linux: a launcher killed by SIGKILL leaves no rank
+behind), waits for the program, and writes
 ``rank.N.json`` into the directory named by ``HVDP_STATUS_DIR`` (a temporary
 directory the launcher makes and removes): ``{"rank": N, "returncode": C,
 "ended": E}`` where ``C`` is the child's exit status (``-S`` for signal
@@ -374,7 +376,21 @@ def verdict(records: dict[int, dict | None], min_np: int) -> tuple[bool, str]:
     return True, text
 
 
+def _end_with_launcher() -> None:
+    """Linux: end this wrapper (and so its program, which dies with it) when the process
+    that started it ends: ``mpirun`` killed by SIGKILL cannot end its ranks, and a rank
+    waiting in MPI (a grow's ``Spawn``) would otherwise run on as an orphan."""
+    arm = _die_with_parent()
+    if arm is None:
+        return
+    launcher = os.getppid()
+    arm()
+    if os.getppid() != launcher:  # it ended before the signal was armed
+        os._exit(128 + int(signal.SIGKILL))
+
+
 def main(argv: list[str] | None = None) -> None:
+    _end_with_launcher()
     program = list(sys.argv[1:] if argv is None else argv)
     first_member = None
     if len(program) >= 2 and program[0] == "--member":  # started by a grow (hvd_partial.engine.growth)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from mpi_run import kill_session
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -62,7 +64,7 @@ def run_command(cmd: list[str], timeout: float, env: dict | None = None) -> subp
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_session(proc.pid)
         out, err = proc.communicate()
         pytest.fail(f"{' '.join(cmd)} timed out after {timeout} s and was killed\n{out[-3000:]}\n{err[-3000:]}")
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, err)

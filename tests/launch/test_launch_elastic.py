@@ -11,9 +11,11 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
+from mpi_run import kill_session
 from procs import run_command
 
 from hvd_partial.launch import cli, rank_status
@@ -282,6 +284,42 @@ def test_the_wrapper_passes_signals_on_to_the_program(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert json.loads((status / "rank.0.json").read_text())["returncode"] == 7
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_the_wrapper_and_its_program_end_when_the_launcher_is_killed(tmp_path):
+    # A launcher that SIGKILL ends cannot end its ranks: the wrapper ends with it (and the program
+    # with the wrapper), where a rank waiting in MPI would otherwise run on as an orphan.
+    pids = tmp_path / "pids"
+    launcher = textwrap.dedent(f"""
+        import subprocess, sys, time
+        wrapper = subprocess.Popen([sys.executable, "-I", {WRAPPER!r}, sys.executable, "-c",
+                                    "import os, time; open({str(pids)!r}, 'w').write(f'{{os.getppid()}} {{os.getpid()}}'); time.sleep(600)"])
+        wrapper.wait()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", launcher], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not pids.exists() or len(pids.read_text().split()) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, "the program never started"
+            time.sleep(0.01)  # a poll of the file system, not an ordering
+        wrapper, program = map(int, pids.read_text().split())
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while any(map(running, (wrapper, program))):
+            assert time.monotonic() < deadline, "the wrapper or its program outlived the killed launcher"
+            time.sleep(0.01)
+    finally:
+        kill_session(proc.pid)  # whatever is left of it (the assertion failed)
+        proc.wait()
 
 
 def test_a_rank_started_by_a_grow_records_itself_as_joined_and_can_be_started_again(tmp_path):
