@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 
 from ..config import ENV_PREFIX, load_config
 from ..errors import ConfigError
@@ -402,13 +403,17 @@ def main(argv: list[str] | None = None) -> int:
                                environ[ENV_PREFIX + "HOSTS_FILE"], [(h.name, h.slots) for h in hosts])
         watcher.start()
     status_dir = environ.get(rank_status.STATUS_DIR_ENV) if is_elastic(args) else None
+    # Without the rank wrappers' start marks, Open MPI's own message is what tells that nothing ran.
+    watch_for = OPEN_MPI_START_FAILURE if status_dir is None and detect_flavor(cmd[0]) is MpiFlavor.OPEN_MPI \
+        else None
     try:
         for attempt in range(1, _LAUNCH_ATTEMPTS + 1):
-            code = _run_launcher(cmd, environ)
+            code, failed_to_start = _run_launcher(cmd, environ, watch_for)
             # mpirun can fail to start itself (Open MPI: "The PMIx server's listener thread failed
             # to start"); a job none of whose ranks started ran nothing and can be launched again.
-            if code == 0 or status_dir is None or rank_status.any_started(status_dir) \
-                    or attempt == _LAUNCH_ATTEMPTS:
+            if status_dir is not None:
+                failed_to_start = not rank_status.any_started(status_dir)
+            if code == 0 or not failed_to_start or attempt == _LAUNCH_ATTEMPTS:
                 break
             print(f"hvd-partial-run: {os.path.basename(cmd[0])} exited {code} before any rank started; "
                   f"launching again (attempt {attempt + 1} of {_LAUNCH_ATTEMPTS})", file=sys.stderr)
@@ -424,22 +429,58 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-#: Launches of an elastic job whose launcher fails before any rank starts.
+#: Launches of a job whose launcher fails before any rank starts.
 _LAUNCH_ATTEMPTS = 3
 
+#: What Open MPI's mpirun prints when it fails to start itself, before it starts any rank.
+OPEN_MPI_START_FAILURE = b"The PMIx server's listener thread failed to start"
 
-def _run_launcher(cmd: list[str], environ: dict) -> int:
-    """Run mpiexec/mpirun; Ctrl-C is forwarded to the ranks. Its exit status."""
-    proc = subprocess.Popen(cmd, env=environ)
+
+def _run_launcher(cmd: list[str], environ: dict, watch_for: bytes | None = None) -> tuple[int, bool]:
+    """Run mpiexec/mpirun; Ctrl-C is forwarded to the ranks. (Its exit status, whether
+    its standard error, passed on as it comes, said ``watch_for``.)"""
+    proc = subprocess.Popen(cmd, env=environ, stderr=subprocess.PIPE if watch_for else None)
+    relay = None
+    if watch_for:
+        relay = _StderrRelay(proc.stderr, watch_for)
+        relay.start()
     try:
-        return proc.wait()
+        code = proc.wait()
     except KeyboardInterrupt:
         proc.send_signal(signal.SIGINT)  # mpiexec forwards it to the ranks
         try:
-            return proc.wait(timeout=15)
+            code = proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             proc.kill()
-            return proc.wait()
+            code = proc.wait()
+    if relay is None:
+        return code, False
+    relay.join(timeout=10)  # a rank left running by mpirun can hold the pipe open: no end of file
+    return code, relay.seen
+
+
+class _StderrRelay(threading.Thread):
+    """Copies a child's standard error to ours as it comes, noting whether ``needle`` went by."""
+
+    def __init__(self, source, needle: bytes):
+        super().__init__(name="hvd-partial-run-stderr", daemon=True)
+        self.source, self.needle, self.seen = source, needle, False
+
+    def run(self) -> None:
+        out = getattr(sys.stderr, "buffer", None)
+        tail = b""
+        with self.source:
+            for chunk in iter(lambda: os.read(self.source.fileno(), 65536), b""):
+                if out is not None:
+                    sys.stderr.flush()
+                    out.write(chunk)
+                    out.flush()
+                else:
+                    sys.stderr.write(chunk.decode(errors="replace"))
+                    sys.stderr.flush()
+                window = tail + chunk  # the needle may straddle two reads
+                self.seen = self.seen or self.needle in window
+                tail = window[-len(self.needle):]
 
 
 def elastic_exit(records: dict, min_np: int, code: int) -> int:

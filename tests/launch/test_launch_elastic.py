@@ -489,6 +489,33 @@ def test_a_launcher_that_fails_before_any_rank_starts_is_run_again(tmp_path, fai
         assert "elastic job: 2 of 2 ranks finished (mpirun exited 0)" in res.stderr
 
 
+PLAIN_WORKER = "import os; print('rank', os.environ['OMPI_COMM_WORLD_RANK'], 'ran')"
+
+
+@pytest.mark.parametrize("fails, returncode, launches", [(2, 0, 3), (5, 213, 3)])
+def test_a_plain_launch_whose_mpirun_says_it_failed_to_start_is_run_again(tmp_path, fails, returncode, launches):
+    exe = stand_in(tmp_path, "mpirun (Open MPI) 5.0.11", FLAKY_MPIRUN)
+    res = run_command([sys.executable, "-m", "hvd_partial.launch.cli", "--mpiexec", exe, "-np", "2",
+                       sys.executable, "-c", PLAIN_WORKER], timeout=120,
+                      env={"TMPDIR": str(tmp_path), "FAILS": str(fails)})
+    assert res.returncode == returncode, res.stderr
+    assert int((tmp_path / "launches").read_text()) == launches
+    assert res.stderr.count("listener thread failed to start") == min(fails, launches)
+    assert res.stderr.count("before any rank started; launching again") == launches - 1
+    assert res.stdout.count(" ran\n") == (2 if returncode == 0 else 0)
+
+
+def test_a_plain_launch_that_ran_is_never_launched_again_whatever_its_exit_status(tmp_path):
+    body = "launches=$(cat \"$TMPDIR/launches\" 2>/dev/null || echo 0)\necho $((launches + 1)) > \"$TMPDIR/launches\"\n" \
+        + "echo 'rank 1 said: The PMIx server' >&2; exit 213"
+    exe = stand_in(tmp_path, "mpirun (Open MPI) 5.0.11", body)
+    res = run_command([sys.executable, "-m", "hvd_partial.launch.cli", "--mpiexec", exe, "-np", "2",
+                       sys.executable, "-c", PLAIN_WORKER], timeout=120, env={"TMPDIR": str(tmp_path)})
+    assert res.returncode == 213 and "rank 1 said: The PMIx server" in res.stderr
+    assert (tmp_path / "launches").read_text().strip() == "1" and "launching again" not in res.stderr
+
+
 def test_a_job_whose_ranks_started_is_never_launched_again(tmp_path):
     res = launch(tmp_path, "-np", "2", fates=["0=die", "1=die"])
     assert res.returncode == 1 and "launching again" not in res.stderr
+
