@@ -320,13 +320,25 @@ class FailureWatch:
         report the failure itself a moment after the error it caused (``Spawn``'s root gets
         ``MPI_ERR_INTERN``), so look for :attr:`REPORT_SECONDS` before concluding there was none."""
         deadline = time.monotonic() + self.REPORT_SECONDS
-        lost = self.lost()
-        while not lost and time.monotonic() < deadline:
+        lost, ended = self.lost(), self.ended_joiners()
+        while not (lost or ended) and time.monotonic() < deadline:
             time.sleep(self.POLL_SECONDS)
-            lost = self.lost()
+            lost, ended = self.lost(), self.ended_joiners()
+        if lost and not ended:  # an old rank that a dead new rank made leave was not the cause
+            ended = self.ended_joiners()
+        if ended:
+            log.error("%s", self._joiners_ended(ended))
+            raise RankFailedError(min(ended), f"{self._joiners_ended(ended)} ({self._who} got: {err})") from err
         if lost:
             raise RankFailedError(lost[0], f"rank(s) {lost} died while {self._what} ({self._who} got: {err}); "
                                            f"a failure during a grow is not survived") from err
+
+    def _joiners_ended(self, ended: dict) -> str:
+        from ..launch.rank_status import describe
+
+        return (f"{self._who}: new rank(s) "
+                f"{', '.join(f'{n} ({describe(record)})' for n, record in sorted(ended.items()))} ended before "
+                f"joining while {self._what}; a failure during a grow is not survived")
 
     def __enter__(self):
         from mpi4py import MPI
@@ -343,20 +355,16 @@ class FailureWatch:
         return False
 
     def _run(self) -> None:
-        from ..launch.rank_status import describe
-
         while not self._stop.wait(self.POLL_SECONDS):
             lost = self.lost() if self._mpi_watch else []
             ended = self.ended_joiners()
             if self._stop.is_set() or not (lost or ended):
                 continue
-            if lost:
+            if ended:  # (an old rank lost with it left because of it)
+                log.error("%s: ending this process", self._joiners_ended(ended))
+            else:
                 log.error("%s: rank(s) %s died while %s; a failure during a grow is not survived: ending this "
                           "process", self._who, lost, self._what)
-            else:
-                log.error("%s: new rank(s) %s ended before joining while %s; a failure during a grow is not "
-                          "survived: ending this process", self._who,
-                          ", ".join(f"{n} ({describe(record)})" for n, record in sorted(ended.items())), self._what)
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()
             logging.shutdown()

@@ -127,12 +127,11 @@ def ended_joiners(numbers) -> dict[int, dict | None]:
     directory = os.path.dirname(mark)
     out = {}
     for number in numbers:
-        path = status_path(directory, number, True)
-        if not os.path.exists(path):
-            continue
         try:
-            with open(path) as fh:
+            with open(status_path(directory, number, True)) as fh:
                 out[number] = json.load(fh)
+        except FileNotFoundError:
+            continue  # still running, or not started yet
         except (OSError, ValueError):
             out[number] = None
     return out

@@ -519,3 +519,21 @@ def test_a_job_whose_ranks_started_is_never_launched_again(tmp_path):
     res = launch(tmp_path, "-np", "2", fates=["0=die", "1=die"])
     assert res.returncode == 1 and "launching again" not in res.stderr
 
+def test_a_grow_error_names_the_new_rank_that_ended_not_the_old_rank_it_made_leave(tmp_path, monkeypatch, caplog):
+    # Spawn's root ends its process on seeing a new rank's end; the other old ranks then get an
+    # MPI error from Spawn, with the root among MPI's failed ranks: the new rank is the cause.
+    from hvd_partial.engine.growth import FailureWatch
+    from hvd_partial.errors import RankFailedError
+
+    monkeypatch.setenv(rank_status.EXIT_MARK_ENV, str(tmp_path / "rank.1.ended"))  # (records lie beside it)
+    watch = FailureWatch("rank 1", "the world changed from 2 to 4 ranks")
+    watch.expect((2, 3))
+    monkeypatch.setattr(watch, "lost", lambda: [0])
+    with pytest.raises(RankFailedError, match=r"rank\(s\) \[0\] died"):
+        watch.raise_if_lost(RuntimeError("MPI_ERR_PROC_FAILED"))
+    (tmp_path / "joined.2.json").write_text(json.dumps({"rank": 2, "returncode": 1, "ended": False, "joined": True}))
+    with pytest.raises(RankFailedError, match=r"new rank\(s\) 2 \(exit 1 mid-run\) ended before joining while the "
+                                              r"world changed from 2 to 4 ranks") as failed:
+        watch.raise_if_lost(RuntimeError("MPI_ERR_PROC_FAILED"))
+    assert failed.value.rank == 2 and "rank 1 got: MPI_ERR_PROC_FAILED" in str(failed.value)
+    assert "rank 1: new rank(s) 2 (exit 1 mid-run) ended before joining" in caplog.text
