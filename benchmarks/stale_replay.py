@@ -199,10 +199,10 @@ def train(task, schedule: Schedule, rule: str, args, world_size: int) -> dict:
             lateness = k - post.version
             at = k if rule == "fresh" or (rule == "fresh-late" and lateness >= 2) or \
                 (rule == "fresh-next" and lateness == 1) else post.version
-            staleness.append(k - post.version)
+            staleness.append(lateness)
             g = gradient(versions[at], post)
             if rule == "damped":  # a stale gradient weighted down by its staleness (1 / (1 + staleness))
-                g = g / (1 + k - post.version)
+                g = g / (1 + lateness)
             elif rule == "compensated" and at != k:  # delay compensation (DC-ASGD): g + l g*g*(w_k - w_at)
                 g = g + args.dc_lambda * g * g * (versions[k] - versions[at])
             total = g if total is None else total + g
