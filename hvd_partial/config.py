@@ -121,6 +121,11 @@ class Config:
     #: While the world is smaller, each ``state.commit()`` of the elastic API at which every
     #: stream is at rest starts the missing processes (MPI ``Spawn``) and they join. 0: never.
     max_np: int = 0
+    #: Elastic training: the longest a grow's new ranks may take to join (seconds) before the
+    #: ranks that started them end the job, naming them. A new process that ends before
+    #: ``MPI_Init`` would leave MPI's ``Spawn`` waiting forever; under ``hvd-partial-run
+    #: --elastic`` its rank wrapper's record ends the grow at once, this bound is for the rest.
+    grow_timeout_seconds: float = 300.0
     #: Elastic training: the fewest ranks to go on with (``hvd-partial-run --min-np``). A failure
     #: that leaves fewer stops every survivor with ``RankFailedError`` naming the ranks lost. 0: any.
     min_np: int = 0
@@ -134,7 +139,8 @@ class Config:
     def __post_init__(self):
         if self.max_staleness < 0:
             raise ConfigError(f"max_staleness must be >= 0, got {self.max_staleness}")
-        for name in ("heartbeat_seconds", "failure_timeout_seconds", "idle_poll_ms", "doorbell_poll_ms"):
+        for name in ("heartbeat_seconds", "failure_timeout_seconds", "idle_poll_ms", "doorbell_poll_ms",
+                     "grow_timeout_seconds"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("spin_us", "activation_delay_us"):

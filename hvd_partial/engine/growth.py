@@ -204,7 +204,7 @@ def _change(current, carried: dict, leave: tuple, spawn: tuple, began: float, la
                                             for host, n in spawn]
         log.warning("changing the world of %d ranks: %s", before, "; ".join(parts))
     watch = FailureWatch(f"rank {world.rank}", f"the world changed from {before} to {before - len(leave) + count} "
-                                              f"ranks")
+                                              f"ranks", current.config.grow_timeout_seconds)
     watch.follow(current.transport.control, world.members)
     try:
         with watch:
@@ -273,15 +273,18 @@ class FailureWatch:
     :class:`RankFailedError`). A new rank that dies before it joins (an import error, a
     program not found) is no rank of any communicator yet, and ``Spawn`` waits for it
     forever: under ``hvd-partial-run --elastic`` the thread also looks for the rank
-    wrapper's record of its end (``expect``), and ends this process the same way."""
+    wrapper's record of its end (``expect``), and ends this process the same way; new
+    ranks not in after ``join_timeout`` seconds (``grow_timeout_seconds``) end it too."""
 
     POLL_SECONDS = 0.05
     REPORT_SECONDS = 5.0
 
-    def __init__(self, who: str, what: str):
+    def __init__(self, who: str, what: str, join_timeout: float = float("inf")):
         self._who, self._what = who, what
         self._comm, self._members = None, None
         self._joiners: tuple[int, ...] = ()  # the numbers of the new ranks not in yet
+        self._join_timeout = join_timeout
+        self._join_deadline = float("inf")  # (time.monotonic) while new ranks are expected
         self._mpi_watch = False  # whether MPI may be asked from this thread
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -298,6 +301,7 @@ class FailureWatch:
         until they are in (``expect()`` then)."""
         with self._lock:
             self._joiners = tuple(numbers)
+            self._join_deadline = time.monotonic() + self._join_timeout if numbers else float("inf")
 
     def ended_joiners(self) -> dict:
         """The expected new ranks that ended (number -> the launcher's record or None)."""
@@ -358,10 +362,16 @@ class FailureWatch:
         while not self._stop.wait(self.POLL_SECONDS):
             lost = self.lost() if self._mpi_watch else []
             ended = self.ended_joiners()
-            if self._stop.is_set() or not (lost or ended):
+            with self._lock:
+                late = self._joiners if time.monotonic() > self._join_deadline else ()
+            if self._stop.is_set() or not (lost or ended or late):
                 continue
             if ended:  # (an old rank lost with it left because of it)
                 log.error("%s: ending this process", self._joiners_ended(ended))
+            elif late and not lost:
+                log.error("%s: new rank(s) %s did not join within %.0f s (grow_timeout_seconds) while %s; a "
+                          "failure during a grow is not survived: ending this process", self._who,
+                          ", ".join(map(str, late)), self._join_timeout, self._what)
             else:
                 log.error("%s: rank(s) %s died while %s; a failure during a grow is not survived: ending this "
                           "process", self._who, lost, self._what)

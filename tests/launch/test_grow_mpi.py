@@ -18,7 +18,7 @@ import tempfile
 import pytest
 
 from launch.procs import assert_no_leftovers, run_member_job, token
-from mpi_run import WORKERS
+from mpi_run import WORKERS, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -82,3 +82,19 @@ def test_a_rank_dying_during_a_grow_fails_every_rank_naming_it(ulfm):
             (rank, output[-6000:])
     assert named, output[-6000:]
     assert_no_leftovers(word)
+
+
+def test_without_the_launcher_a_new_rank_that_never_joins_fails_the_job_after_the_grow_timeout(ulfm, tmp_path):
+    # Plain mpirun: no rank wrapper records the new process's end, and MPI's Spawn waits for it
+    # forever; the old ranks end once grow_timeout_seconds has passed, naming it (the job's own
+    # timeout kills a hang and fails the test).
+    result = run_mpi("elastic_grow_unjoined.py", 2, tmp_path / "grown", timeout=120, expect_success=False,
+                     require_reports=False, mpiexec_args=ulfm,
+                     env={"HVD_PARTIAL_ELASTIC": "1", "HVD_PARTIAL_MAX_NP": "3",
+                          "HVD_PARTIAL_GROW_TIMEOUT_SECONDS": "3"})
+    assert result.returncode != 0, result.tail()
+    assert "ImportError: this new rank cannot start" in result.stderr, result.tail()
+    for rank in (0, 1):
+        assert f"rank {rank}: new rank(s) 2 did not join within 3 s (grow_timeout_seconds) while the world " \
+               f"changed from 2 to 3 ranks" in result.stderr, result.tail()
+    assert "the grow returned" not in result.stderr
