@@ -94,8 +94,10 @@ def test_a_new_rank_that_dies_before_joining_fails_the_job_naming_it(ulfm):
     # of run_member_job kills a hang and fails the test)
     code, stderr, reports = run_discovery(2, 4, "joined-fails", timeout=120)
     assert code != 0, stderr[-6000:]
-    for rank in (0, 1):
-        assert re.search(rf"rank {rank}: new rank\(s\) [23](, 3)? \(exit 1 mid-run\)[^\n]* ended before joining "
-                         rf"while the world changed from 2 to 4 ranks", stderr), stderr[-6000:]
+    # The first old rank to end ends the job (Open MPI's launcher, once half of the ranks died),
+    # so the other may be killed before it says anything; none blames an old rank.
+    assert re.search(r"rank [01]: new rank\(s\) [23](, 3)? \(exit 1 mid-run\)[^\n]* ended before joining "
+                     r"while the world changed from 2 to 4 ranks", stderr), stderr[-6000:]
+    assert not re.search(r"rank\(s\) \[[01]\] died", stderr), stderr[-6000:]
     assert "ImportError: this new rank cannot start" in stderr, stderr[-6000:]
     assert "fewer than --min-np 1" in stderr and reports == {}, (reports, stderr[-3000:])

@@ -11,6 +11,7 @@ ends reports its world and a digest of its weights.
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import tempfile
@@ -94,7 +95,8 @@ def test_without_the_launcher_a_new_rank_that_never_joins_fails_the_job_after_th
                           "HVD_PARTIAL_GROW_TIMEOUT_SECONDS": "3"})
     assert result.returncode != 0, result.tail()
     assert "ImportError: this new rank cannot start" in result.stderr, result.tail()
-    for rank in (0, 1):
-        assert f"rank {rank}: new rank(s) 2 did not join within 3 s (grow_timeout_seconds) while the world " \
-               f"changed from 2 to 3 ranks" in result.stderr, result.tail()
+    # The first old rank to end ends the job (Open MPI's launcher, once half of the ranks died),
+    # so the other may be killed, or see that rank die, before its own deadline.
+    assert re.search(r"rank [01]: new rank\(s\) 2 did not join within 3 s \(grow_timeout_seconds\) while the "
+                     r"world changed from 2 to 3 ranks", result.stderr), result.tail()
     assert "the grow returned" not in result.stderr
