@@ -331,8 +331,9 @@ class FailureWatch:
         if lost and not ended:  # an old rank that a dead new rank made leave was not the cause
             ended = self.ended_joiners()
         if ended:
-            log.error("%s", self._joiners_ended(ended))
-            raise RankFailedError(min(ended), f"{self._joiners_ended(ended)} ({self._who} got: {err})") from err
+            message = self._joiners_ended(ended)
+            log.error("%s", message)
+            raise RankFailedError(min(ended), f"{message} ({self._who} got: {err})") from err
         if lost:
             raise RankFailedError(lost[0], f"rank(s) {lost} died while {self._what} ({self._who} got: {err}); "
                                            f"a failure during a grow is not survived") from err
