@@ -71,10 +71,11 @@ class Config:
     doorbell: bool = True
     #: Largest fused buffer the framework adapters build, in bytes.
     fusion_threshold_bytes: int = 64 * 1024 * 1024
-    #: PyTorch ``DistributedOptimizer`` in sync mode: post the gradients in
-    #: buckets of at most ``fusion_threshold_bytes`` during ``backward()``, as
-    #: each bucket's gradients are complete, so that reductions overlap the
-    #: rest of the backward pass (solo and majority post at ``step()``).
+    #: Sync mode: post the gradients in buckets of at most
+    #: ``fusion_threshold_bytes`` as each bucket's gradients are complete, so
+    #: that reductions overlap the rest of the backward pass (PyTorch's
+    #: ``DistributedOptimizer`` during ``backward()``, TensorFlow and Keras
+    #: inside a compiled step; solo and majority post the whole gradient at once).
     overlap_backward: bool = True
     #: Solo and majority optimizers (PyTorch and Keras), ``Average``: a round
     #: that summed more posts than the world has ranks (a rank's posts piled up

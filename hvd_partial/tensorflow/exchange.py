@@ -30,6 +30,7 @@ rounds, staleness and quorum are the set's, and ``flush()`` (also through
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -45,6 +46,7 @@ from ..errors import ConfigError, EngineError, HvdPartialError, StreamConflictEr
 from ..modes import Mode, ReduceOp, Sync
 from . import state
 from .compression import Compression, Compressor
+from .overlap import OverlapBuckets
 
 log = logging.getLogger("hvd_partial.tensorflow")
 
@@ -340,6 +342,9 @@ class GradientExchange:
         #: How many scalars every post carries (0: none).
         self.carries = carries
         self.plan: GradientPlan | None = None
+        #: Sync mode's buckets posted as the backward pass computes them (fixed with the plan;
+        #: None: each post is one, :mod:`hvd_partial.tensorflow.overlap`).
+        self.overlap: OverlapBuckets | None = None
         #: Updates handed out so far (rounds with at least one contributor).
         self.updates = 0
         #: Rounds taken so far, including flush rounds nobody contributed to.
@@ -440,6 +445,8 @@ class GradientExchange:
         plan = GradientPlan(len(grads), tuple(fusion_buckets(order, limit)))
         if self.plan is None:
             self.plan = plan
+            if self.posts_to_engine:
+                self.overlap = OverlapBuckets.for_plan(self.name, len(plan.groups), self.mode.kind, self.on_set)
         elif plan != self.plan:
             raise StreamConflictError(
                 f"rank {rank_label()}: stream {self.name!r} of {self.owner} was first used with "
@@ -471,7 +478,10 @@ class GradientExchange:
             inputs.append(tf.reshape(tf.cast(carried, tf.float64), [self.carries]))
             dtypes.append(tf.float64)
         post = self._post_and_hand_out if handed_out else self._post_and_take
-        outputs = tf.numpy_function(post, inputs, dtypes, stateful=True, name="hvd_partial_post")
+        if self.overlap is None:
+            outputs = tf.numpy_function(post, inputs, dtypes, stateful=True, name="hvd_partial_post")
+        else:
+            outputs = self._post_buckets(inputs, post, dtypes)
         outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
         for out, group in zip(outputs, plan.groups):
             out.set_shape([None, group.size])
@@ -480,6 +490,21 @@ class GradientExchange:
             values = outputs.pop()
             values.set_shape([None, self.carries])
         return RoundGradients(plan, outputs, sources, values)
+
+    def _post_buckets(self, inputs: list, post, dtypes: list):
+        """Graph ops of a post in overlapped buckets: each bucket but the last
+        posted as soon as its gradients exist, in order; then ``post`` of the last
+        bucket (with the carried values), which waits for every bucket and
+        returns the joined rounds as a post of every group would."""
+        overlap, groups = self.overlap, len(self.plan.groups)
+        token: list = []
+        for k, bucket in enumerate(overlap.buckets[:-1]):
+            with tf.control_dependencies(token):  # every rank posts the buckets in one order
+                token = [tf.numpy_function(functools.partial(self._post_bucket, k), [inputs[j] for j in bucket],
+                                           tf.int64, stateful=True, name="hvd_partial_post_bucket")]
+        last = [inputs[j] for j in overlap.buckets[-1]] + inputs[groups:]  # then the carried values
+        with tf.control_dependencies(token):
+            return tf.numpy_function(post, last, dtypes, stateful=True, name="hvd_partial_post")
 
     def flush(self, sources=None) -> RoundGradients:
         """Collective, eager: take every outstanding round and a final
@@ -498,14 +523,16 @@ class GradientExchange:
             return None
         self.check_owed()
         engine = self.engine()
-        return engine, engine.submit_flush(self.name)
+        streams = [self.name] if self.overlap is None else self.overlap.streams
+        return engine, [engine.submit_flush(s) for s in streams]
 
     def finish_flush(self, handle, sources=None) -> RoundGradients:
         """Wait for a flush started by :meth:`begin_flush`; returns its updates."""
         if handle is None:
             return RoundGradients(None, [], sources)
         engine, flushing = handle
-        results = engine.wait(flushing)
+        per_stream = [engine.wait(h) for h in flushing]
+        results = self._joined(per_stream[-1], per_stream[:-1])
         stacked = [tf.constant(a) for a in self._stack(results)]
         values = stacked.pop() if self.carries else None
         return RoundGradients(self.plan, stacked, sources, values)
@@ -542,11 +569,38 @@ class GradientExchange:
             "unchanged to a Keras optimizer's apply_gradients() or apply() (which applies every round), or use "
             "tape.gradient_rounds(loss, variables).apply(optimizer), or mode=Sync()")
 
+    def _post_bucket(self, k: int, *flats):
+        """Numpy side: post bucket ``k`` (not the last) of an overlapped post."""
+        try:
+            if k == 0:
+                self.check_owed()
+            arrays = [np.ascontiguousarray(f) for f in flats]
+            overlap = self.overlap
+            overlap.handles[k] = post_grouped(self.engine(), arrays, overlap.streams[k], self.mode, self.op,
+                                              self.max_staleness)
+            return np.int64(k)
+        except BaseException as err:
+            self._failed(err)
+            raise
+
+    def _joined(self, final: list, per_bucket: list) -> list:
+        """The rounds of the stream (``final``) with the other buckets' rounds joined in."""
+        if self.overlap is None:
+            return final
+        return self.overlap.join(final, per_bucket, len(self.plan.groups), rank_label())
+
+    def _failed(self, err: BaseException) -> None:
+        # TensorFlow re-raises this as an OpError whose text keeps our message;
+        # eager callers get the original back through reraise().
+        self.last_error = err
+        log.error("rank %s: %s in %s (stream %r): %s", rank_label(), type(err).__name__, self.owner, self.name, err)
+
     def _post_and_take(self, *inputs):
         if not self.posts_to_engine:
             return self._reduce_on_set(*inputs)
         try:
-            self.check_owed()
+            if self.overlap is None:  # else checked at the first bucket's post
+                self.check_owed()
             arrays = [np.ascontiguousarray(f) for f in inputs]
             if self.carries:  # the carried values travel encoded, as the last array
                 arrays[-1] = carried_values.encode([float(v) for v in arrays[-1]])
@@ -558,14 +612,14 @@ class GradientExchange:
             if self.tape_stream:  # also when traced before the latest init: flush_tapes() finds it
                 tf_state.enter_tape_exchange(self)
             self.posts += 1
+            # The stream's own round first: where ranks disagree on the buckets (another
+            # overlap_backward or fusion_threshold_bytes), its registration fails on every rank.
             results = engine.wait(handle)
+            if self.overlap is not None:
+                results = self._joined(results, [engine.wait(h) for h in self.overlap.handles])
             return self._stack(results)
         except BaseException as err:
-            # TensorFlow re-raises this as an OpError whose text keeps our message;
-            # eager callers get the original back through reraise().
-            self.last_error = err
-            log.error("rank %s: %s in %s (stream %r): %s", rank_label(), type(err).__name__, self.owner,
-                      self.name, err)
+            self._failed(err)
             raise
 
     def _reduce_on_set(self, *inputs) -> list:

@@ -42,17 +42,14 @@ import numpy as np
 import torch
 
 import hvd_partial as _core
+from ..core.overlap import MAX_OVERLAP_BUCKETS as MAX_BUCKETS
+from ..core.overlap import join_bucket_rounds
 from ..core.round_result import RoundResult
-from ..errors import HvdPartialError
 from ..modes import Mode, ReduceOp
 from .parameter_grads import ParameterGradients, rank_label
 from .tensors import HostStaging
 
 log = logging.getLogger("hvd_partial.torch")
-
-# Each bucket is a stream with its own communicator, and MPI caps communicators
-# (MPICH about 2,000 per process): beyond this many, buckets grow instead.
-MAX_BUCKETS = 64
 
 
 def plan_buckets(params: list[torch.Tensor], dense: list[int], itemsizes: list[int], limit: int,
@@ -230,19 +227,5 @@ class BackwardBuckets:
     def _join(self, per_bucket: list[list[RoundResult]]) -> list[RoundResult]:
         """The buckets' rounds, round by round, as the last bucket's results with
         every bucket's arrays in the stream's order (the scalars last)."""
-        final = per_bucket[-1]
-        for k, results in enumerate(per_bucket):
-            if [r.round for r in results] != [r.round for r in final]:
-                raise HvdPartialError(
-                    f"rank {rank_label()}: overlap streams {self.streams[k]!r} and {self.streams[-1]!r} took rounds "
-                    f"{[r.round for r in results]} and {[r.round for r in final]}; every bucket of a step must "
-                    "take the same rounds")
-        for j, result in enumerate(final):
-            if result.arrays is None or not result.has_data:
-                continue
-            arrays: list = [None] * len(self.dense)
-            for bucket, results in zip(self.buckets, per_bucket):
-                for i, a in zip(bucket, results[j].arrays):
-                    arrays[self._position[i]] = a
-            result.arrays = arrays + [result.arrays[-1]]
-        return final
+        positions = [[self._position[i] for i in bucket] for bucket in self.buckets]
+        return join_bucket_rounds(per_bucket, self.streams, positions, len(self.dense), rank_label())

@@ -29,7 +29,8 @@ def same_on_all_ranks(results, get):
 
 @pytest.fixture(scope="module")
 def sync_run():
-    return run_mpi("tf_sync.py", 3, timeout=180).results
+    # 256 bytes cut the model into two buckets, posted during the backward pass (overlap_backward).
+    return run_mpi("tf_sync.py", 3, timeout=180, env={"HVD_PARTIAL_FUSION_THRESHOLD_BYTES": "256"}).results
 
 
 @pytest.mark.parametrize("case", ["sgd", "adam", "bpps", "tape"])
@@ -41,6 +42,7 @@ def test_sync_equals_one_process_on_the_concatenated_batches(sync_run, case):
     same_on_all_ranks(sync_run, lambda r: r[case]["digest"])
     if case == "sgd":
         assert sync_run[0]["sgd"]["moved"] > 0.1  # training changed the weights: the comparison means something
+        assert sync_run[0]["sgd"]["buckets"] == 2
     if case == "tape":
         assert sync_run[0]["tape"]["flush_updates"] == 0  # sync leaves nothing behind
 

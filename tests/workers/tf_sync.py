@@ -1,6 +1,8 @@
 """Sync mode equals one process training on the concatenated batches:
 model.fit with SGD+momentum and with Adam, a custom loop with
-DistributedGradientTape, and backward_passes_per_step=2."""
+DistributedGradientTape, and backward_passes_per_step=2. The test runs it
+with a fusion threshold that cuts the model into two buckets, posted as the
+backward pass computes them (``overlap_backward``)."""
 
 import tf_common as C  # noqa: I001 (sets TensorFlow up first)
 
@@ -28,7 +30,8 @@ def distributed_fit(optimizer, xs, ys, epochs=1, **kwargs):
     opt = hvd.DistributedOptimizer(optimizer, mode=hvd.Sync(), **kwargs)
     model.compile(optimizer=opt, loss=C.LOSS)
     model.fit(xs, ys, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0)
-    return C.weights(model), int(opt.iterations), C.state_digest(model, opt)
+    overlap = opt.exchange.overlap  # the test runs with fusion_threshold_bytes small enough for two buckets
+    return C.weights(model), int(opt.iterations), C.state_digest(model, opt), overlap and len(overlap.buckets)
 
 
 def max_diff(a, b):
@@ -43,19 +46,19 @@ def main():
     out = {}
 
     phase("fit sgd momentum")
-    mine, iters, dig = distributed_fit(keras.optimizers.SGD(0.1, momentum=0.9), xs, ys, epochs=2)
+    mine, iters, dig, buckets = distributed_fit(keras.optimizers.SGD(0.1, momentum=0.9), xs, ys, epochs=2)
     ref, ref_iters = reference(keras.optimizers.SGD(0.1, momentum=0.9), x, y, size * BATCH, epochs=2)
     out["sgd"] = {"diff": max_diff(mine, ref), "iters": iters, "ref_iters": ref_iters, "digest": dig,
-                  "moved": max_diff(mine, C.weights(C.mlp(seed=7)))}
+                  "moved": max_diff(mine, C.weights(C.mlp(seed=7))), "buckets": buckets}
 
     phase("fit adam")
-    mine, iters, dig = distributed_fit(keras.optimizers.Adam(0.01), xs, ys)
+    mine, iters, dig, _ = distributed_fit(keras.optimizers.Adam(0.01), xs, ys)
     ref, ref_iters = reference(keras.optimizers.Adam(0.01), x, y, size * BATCH)
     out["adam"] = {"diff": max_diff(mine, ref), "iters": iters, "ref_iters": ref_iters, "digest": dig}
 
     phase("fit backward_passes_per_step=2")
-    mine, iters, dig = distributed_fit(keras.optimizers.SGD(0.1, momentum=0.9), xs, ys,
-                                       backward_passes_per_step=2, average_aggregated_gradients=True)
+    mine, iters, dig, _ = distributed_fit(keras.optimizers.SGD(0.1, momentum=0.9), xs, ys,
+                                          backward_passes_per_step=2, average_aggregated_gradients=True)
     # Two local passes averaged, then averaged over ranks: one step on 2 * size * BATCH rows.
 
 
