@@ -4,7 +4,7 @@
 With ``fusion_threshold_bytes=512`` the MLP below (float32) is four fused
 groups, so four buckets. Each case trains with overlap on, then (after
 ``shutdown`` and ``init``) the same steps with overlap off: ``model.fit``,
-``backward_passes_per_step=2``, a ``tf.function`` step with
+``backward_passes_per_step=2``, ``steps_per_execution=3``, fp16 compression, a ``tf.function`` step with
 ``DistributedGradientTape`` followed by a flush, and the same tape eagerly.
 Last, ``fit`` with overlap on rank 0 only, which must fail on every rank.
 
@@ -53,11 +53,11 @@ def streams_posted() -> list:
     return sorted(name for name in hvd_tf.stats() if ".overlap." in name or name.startswith("keras."))
 
 
-def fit_case(xs, ys, passes: int = 1) -> dict:
+def fit_case(xs, ys, passes: int = 1, steps_per_execution: int = 1, compression=hvd.Compression.none) -> dict:
     model = mlp()
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), mode=hvd.Sync(),
-                                   backward_passes_per_step=passes)
-    model.compile(optimizer=opt, loss=C.LOSS)
+                                   backward_passes_per_step=passes, compression=compression)
+    model.compile(optimizer=opt, loss=C.LOSS, steps_per_execution=steps_per_execution)
     model.fit(xs, ys, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
     overlap = opt.exchange.overlap
     return {"digest": C.state_digest(model, opt), "updates": opt.exchange.updates, "rounds": opt.exchange.rounds_taken,
@@ -138,6 +138,10 @@ def main():
         out[f"fit/{setting}"] = fit_case(xs, ys)
         phase(f"fit backward_passes_per_step=2, overlap {setting}")
         out[f"passes2/{setting}"] = fit_case(xs, ys, passes=2)
+        phase(f"fit steps_per_execution=3, overlap {setting}")
+        out[f"spe3/{setting}"] = fit_case(xs, ys, steps_per_execution=3)
+        phase(f"fit fp16 compression, overlap {setting}")
+        out[f"fp16/{setting}"] = fit_case(xs, ys, compression=hvd.Compression.fp16)
         phase(f"compiled tape, overlap {setting}")
         out[f"tape/{setting}"] = tape_case(xs, ys, f"tape-{setting}", compiled=True)
         phase(f"eager tape, overlap {setting}")
