@@ -4,10 +4,10 @@
 #   bash benchmarks/gpu_check.sh --prepare   # here, with the network: wheels into .gpu_wheels/
 #   bash benchmarks/gpu_check.sh             # on the GPU machine, from the repository root
 #
-# 1. CUDA tensors through DistributedOptimizer (sync, solo) and through every
-#    negotiated tensor collective at 2 ranks sharing the GPU: results must equal
-#    the same runs on CPU tensors (tests/workers/torch_cuda.py,
-#    tests/workers/torch_cuda_collectives.py).
+# 1. CUDA tensors through DistributedOptimizer (sync, sync in buckets staged on a
+#    side stream during backward, solo) and through every negotiated tensor
+#    collective at 2 ranks sharing the GPU: results must equal the same runs on
+#    CPU tensors (tests/workers/torch_cuda.py, tests/workers/torch_cuda_collectives.py).
 # 2. Host-staging cost per step (benchmarks/gpu_staging.py): hvd_partial sync and
 #    solo at 1 and 2 ranks against DDP over NCCL at world size 1 (NCCL refuses two
 #    ranks on one GPU) and DDP over gloo with CUDA tensors at 2 ranks.
@@ -50,6 +50,7 @@ ok = len(reps) == 2
 if name == "optimizer":
     for r in reps:
         ok &= r["sync_diff"] < 1e-5 and all(dev.startswith("cuda") for dev in r["grad_devices"])
+        ok &= r["buckets_diff"] < 1e-5 and r["buckets"] > 1  # side-stream staging during backward
         ok &= r["allreduce"][0].startswith("cuda")
     ok &= reps[0]["solo_fp"] == reps[1]["solo_fp"]
 else:

@@ -14,9 +14,13 @@ own communicator.
 
 During ``backward()`` the post-accumulate-grad hook reports each parameter
 whose gradient received its last pass of the step (``backward_passes_per_step``
-of them); buckets are posted in their fixed order, each as soon as it and
-every bucket before it are complete, so every rank posts the same streams in
-the same order, and every gradient travels in exactly one round. ``finish``
+of them); buckets are staged to the host in their fixed order, each as soon as
+it and every bucket before it are complete, and posted in that order once
+staged, so every rank posts the same streams in the same order, and every
+gradient travels in exactly one round. CPU gradients are staged at once (numpy
+views), so their bucket is posted from the same hook call; CUDA gradients are
+copied on a side stream while the backward pass goes on, and their bucket is
+posted from the first hook call (or ``finish``) that finds its copies done. ``finish``
 (from ``synchronize()``) posts every bucket not yet posted (parameters
 without a gradient as zeros, as without overlap), waits for all of them and
 joins the K rounds of the step into one result in the stream's array order:
@@ -37,6 +41,7 @@ Example::
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 import numpy as np
 import torch
@@ -125,8 +130,10 @@ class BackwardBuckets:
         last = len(self.buckets) - 1
         self.streams = [f"{stream}.overlap.{k}" for k in range(last)] + [stream]
         self.bucket_of = {id(grads.params[i]): k for k, bucket in enumerate(self.buckets) for i in bucket}
-        self._staging = [HostStaging() for _ in self.buckets]  # a bucket's pinned buffers stay its own
+        side_streams: dict = {}  # the buckets' device copies queue on one stream per device, in order
+        self._staging = [HostStaging(side_streams) for _ in self.buckets]  # a bucket's pinned buffers stay its own
         self._position = {i: n for n, i in enumerate(self.dense)}  # a parameter's place in the stream's arrays
+        self.copying: deque = deque()  # (bucket, host arrays, CopyDone) staged and not yet posted, in order
         self.reset()
 
     @classmethod
@@ -147,21 +154,29 @@ class BackwardBuckets:
 
     def reset(self) -> None:
         """A new step: nothing posted, every bucket waiting for all its gradients."""
+        for _, _, copied in self.copying:
+            # A step given up with copies still queued: they must not write a pinned buffer the next step fills.
+            try:
+                copied.synchronize()
+            except Exception as err:  # noqa: BLE001 (the error that gave the step up is the one to raise)
+                log.debug("rank %s: a dropped bucket's copy failed: %s", rank_label(), err)
         self.missing = [len(b) for b in self.buckets]
-        self.next = 0  # the next bucket to post, in order
+        self.next = 0  # the next bucket to stage, in order
+        self.copying = deque()
         self.handles: list = [None] * len(self.buckets)
         self.ctxs: list = [None] * len(self.buckets)
         self.versions: list = [None] * len(self.buckets)
 
     @property
     def posted(self) -> bool:
-        """Some bucket of this step was posted during backward."""
+        """Some bucket of this step was staged (and so read, or posted) during backward."""
         return self.next > 0
 
     def ready(self, param: torch.Tensor) -> None:
-        """``param``'s gradient received its last pass of the step: post the
-        buckets that are now complete, in order (never the last: ``finish``).
-        A post that raises leaves the step as if nothing was posted."""
+        """``param``'s gradient received its last pass of the step: stage the
+        buckets that are now complete, in order (never the last: ``finish``),
+        and post those whose copies to the host are done. A post that raises
+        leaves the step as if nothing was posted."""
         k = self.bucket_of.get(id(param))
         if k is None:
             return
@@ -169,8 +184,9 @@ class BackwardBuckets:
         last = len(self.buckets) - 1
         try:
             while self.next < last and self.missing[self.next] <= 0:
-                self._post(self.next, None)
+                self._stage(self.next)
                 self.next += 1
+            self._post_copied(wait=False)
         except BaseException:
             self.reset()
             raise
@@ -181,6 +197,11 @@ class BackwardBuckets:
         in the stream's array order, the compression contexts to load them, and
         the names of the parameters whose gradient changed after its bucket was
         posted during backward (the rounds hold them as they were then)."""
+        try:
+            self._post_copied(wait=True)
+        except BaseException:
+            self.reset()
+            raise
         for k in range(self.next, len(self.buckets)):
             self._post(k, hyperparameters if k == len(self.buckets) - 1 else None)
         self.next = len(self.buckets)
@@ -215,12 +236,30 @@ class BackwardBuckets:
         params = self.grads.params
         return [(id(g), g._version) if (g := params[i].grad) is not None else None for i in self.buckets[k]]
 
+    def _stage(self, k: int) -> None:
+        """Stage bucket ``k`` to the host without waiting for device copies; posted by ``_post_copied``."""
+        arrays, ctxs, copied = self.grads.pack_async(self.mode, self.buckets[k], self._staging[k])
+        self.versions[k] = self._versions(k)
+        self.ctxs[k] = ctxs
+        self.copying.append((k, arrays, copied))
+
+    def _post_copied(self, wait: bool) -> None:
+        """Post the staged buckets, in order, while the next one's copies are done (``wait``: all of them)."""
+        while self.copying and (wait or self.copying[0][2].query()):
+            k, arrays, copied = self.copying.popleft()
+            copied.synchronize()
+            self._submit(k, arrays)
+
     def _post(self, k: int, hyperparameters: np.ndarray | None) -> None:
+        """Stage bucket ``k`` (waiting for its copies) and post it, the last with ``hyperparameters``."""
         arrays, ctxs = self.grads.pack(self.mode, self.buckets[k], self._staging[k])
         if hyperparameters is not None:
             arrays.append(hyperparameters)
         self.versions[k] = self._versions(k)
         self.ctxs[k] = ctxs
+        self._submit(k, arrays)
+
+    def _submit(self, k: int, arrays: list) -> None:
         self.handles[k] = _core.grouped_partial_allreduce_async(arrays, self.streams[k], mode=self.mode, op=self.op,
                                                                 groups=self.groups[k])
 

@@ -24,7 +24,7 @@ from .. import session as _session
 from ..core.round_result import RoundResult
 from ..errors import HvdPartialError, UnsupportedInputError
 from ..modes import Mode, ReduceOp
-from .tensors import HostStaging, wire_dtype
+from .tensors import CopyDone, HostStaging, wire_dtype
 
 
 def rank_label() -> int | str:
@@ -115,6 +115,19 @@ class ParameterGradients:
 
         ``indices``: only these parameters (a bucket posted during backward, dense ones),
         staged through ``staging`` (a bucket's own pinned buffers); default: every dense one."""
+        wires, names, ctxs = self._wires(mode, indices)
+        return (staging or self._staging).to_host(wires, names), ctxs
+
+    def pack_async(self, mode: Mode, indices: list[int], staging: HostStaging) -> tuple[list[np.ndarray], list, CopyDone]:
+        """As ``pack``, with CUDA gradients copied to the host on a side stream without
+        waiting (a bucket during the backward pass): the arrays may be read once the
+        returned ``CopyDone`` says so."""
+        wires, names, ctxs = self._wires(mode, indices)
+        arrays, copied = staging.to_host_async(wires, names)
+        return arrays, ctxs, copied
+
+    def _wires(self, mode: Mode, indices: list[int] | None) -> tuple[list[torch.Tensor], list[str], list]:
+        """The gradients to post as they travel (compressed; zeros where none), their names and contexts."""
         for p in self.frozen:
             if p.grad is not None:
                 raise UnsupportedInputError(
@@ -150,7 +163,7 @@ class ParameterGradients:
         names = [self.names[i] for i in (range(len(self.params)) if indices is None else indices) if i not in sparse]
         if not wires:  # every gradient is sparse: the stream still counts the rounds
             wires, names = [torch.zeros(1, dtype=torch.float32)], ["(rounds)"]
-        return (staging or self._staging).to_host(wires, names), ctxs
+        return wires, names, ctxs
 
     def settle_sparse_layout(self, mode: Mode) -> None:
         """Sync mode, first step: which parameters have sparse gradients (on any rank).

@@ -4,17 +4,23 @@ CPU tensors travel as numpy views of their own memory (no copy here; the
 engine's fusion makes the single copy). CUDA tensors are copied once into
 pinned host buffers that are kept and reused between steps, and each result
 goes back to the device with one host-to-device copy per fused buffer.
+``to_host`` returns once the copies are done; ``to_host_async`` (a bucket
+staged during the backward pass) queues them on a side stream of the device,
+after the work queued so far, and returns what tells when they are done, so
+the backward pass goes on while they run.
 
 Example::
 
     staging = HostStaging()
     arrays = staging.to_host([p.grad for p in params], names)
+    arrays, copied = staging.to_host_async([p.grad for p in bucket], names)   # copied.query(), .synchronize()
     grads = staging.from_host(result.arrays, [(p.device, p.dtype, p.shape) for p in params])
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -43,6 +49,40 @@ def wire_dtype(dtype: torch.dtype, what: str = "tensor") -> torch.dtype:
                                 f"reduce; supported: {supported}")
 
 
+class CopyDone(Protocol):
+    """Tells when a staging's copies to the host are done (``torch.cuda.Event``'s two calls)."""
+
+    def query(self) -> bool:
+        """True when the copies are done (never waits)."""
+
+    def synchronize(self) -> None:
+        """Wait until the copies are done."""
+
+
+class Copied:
+    """The copies were done when the staging returned (CPU tensors, other devices)."""
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+class DeviceCopies:
+    """Copies queued on side streams: one event recorded after them on each stream."""
+
+    def __init__(self, events: list):
+        self.events = events
+
+    def query(self) -> bool:
+        return all(event.query() for event in self.events)
+
+    def synchronize(self) -> None:
+        for event in self.events:
+            event.synchronize()  # waits without the GIL
+
+
 class HostStaging:
     """Staging of a fixed list of tensors (slot ``i`` is always the same tensor's
     role, e.g. one parameter's gradient) between their devices and the host.
@@ -52,13 +92,39 @@ class HostStaging:
     arrays (``synchronize`` returned), which the optimizer guarantees.
     """
 
-    def __init__(self):
+    def __init__(self, side_streams: dict | None = None):
         self._pinned: dict[int, torch.Tensor] = {}
+        #: device -> the stream ``to_host_async`` copies on (shared by one optimizer's buckets: one order of copies)
+        self._side_streams: dict = {} if side_streams is None else side_streams
 
     def to_host(self, tensors, names=None) -> list[np.ndarray]:
         """C-contiguous numpy arrays holding ``tensors`` (views for CPU tensors)."""
+        out, devices = self._stage(tensors, names, side=False)
+        for device in devices:
+            # The copies were asynchronous: the engine may read the pinned
+            # buffers as soon as they are posted.
+            torch.cuda.current_stream(device).synchronize()
+        return out
+
+    def to_host_async(self, tensors, names=None) -> tuple[list[np.ndarray], CopyDone]:
+        """As ``to_host``, but CUDA tensors are copied on a side stream of their
+        device after the work queued so far, without waiting: the arrays may be
+        read once the returned ``CopyDone`` says so."""
+        out, devices = self._stage(tensors, names, side=True)
+        if not devices:
+            return out, Copied()
+        events = []
+        for device in devices:
+            event = torch.cuda.Event()
+            event.record(self._side_streams[device])
+            events.append(event)
+        return out, DeviceCopies(events)
+
+    def _stage(self, tensors, names, side: bool) -> tuple[list[np.ndarray], set]:
+        """The host arrays, and the CUDA devices whose copies were queued (on side
+        streams where ``side``, else on their current streams)."""
         out = []
-        devices = set()
+        devices: set = set()
         for i, t in enumerate(tensors):
             what = names[i] if names is not None else f"tensor {i}"
             t = t.detach()
@@ -74,17 +140,28 @@ class HostStaging:
                 if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
                     buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
                     self._pinned[i] = buf
-                buf.copy_(t, non_blocking=True)
+                if side:
+                    stream = self._side_stream(t.device)
+                    with torch.cuda.stream(stream):
+                        buf.copy_(t, non_blocking=True)
+                    t.record_stream(stream)  # t (maybe a temporary cast) outlives the queued copy
+                else:
+                    buf.copy_(t, non_blocking=True)
                 devices.add(t.device)
                 out.append(buf.numpy())
             else:
                 # Other accelerators (mps, xpu): a plain blocking copy.
                 out.append(t.to("cpu").contiguous().numpy())
-        for device in devices:
-            # The copies above were asynchronous: the engine may read the
-            # pinned buffers as soon as they are posted.
-            torch.cuda.current_stream(device).synchronize()
-        return out
+        return out, devices
+
+    def _side_stream(self, device):
+        """``device``'s side stream, made to wait for the work queued so far on the
+        device's current stream (the gradient as computed, and its cast if any)."""
+        stream = self._side_streams.get(device)
+        if stream is None:
+            stream = self._side_streams[device] = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        return stream
 
     @staticmethod
     def from_host(arrays, targets) -> list[torch.Tensor]:

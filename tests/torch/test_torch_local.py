@@ -30,6 +30,15 @@ def test_cpu_tensors_are_staged_without_copy():
         assert a.flags.c_contiguous
 
 
+def test_cpu_tensors_staged_during_backward_are_ready_at_once():
+    grads = [torch.randn(3, 4), torch.randn(5, dtype=torch.float64)]
+    arrays, copied = HostStaging().to_host_async(grads)
+    assert copied.query()  # nothing was queued: the bucket is posted from the same hook call
+    copied.synchronize()
+    for g, a in zip(grads, arrays):
+        assert np.shares_memory(a, g.numpy())
+
+
 def test_non_contiguous_and_bfloat16_are_converted():
     t = torch.randn(4, 6).t()  # a transposed view
     b = torch.randn(3).to(torch.bfloat16)

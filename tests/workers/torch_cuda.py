@@ -1,7 +1,8 @@
 """CUDA tensors through the torch adapter (run only where a GPU exists): the
 same training on the GPU and on the CPU must give the same parameters (within
-float tolerance), results must land on the parameter's device, and replicas
-must be bitwise identical.
+float tolerance), also with sync mode's buckets staged on a side stream during
+backward, results must land on the parameter's device, and replicas must be
+bitwise identical.
 """
 
 from __future__ import annotations
@@ -45,6 +46,14 @@ def main():
     r = hvd.allreduce(t)
     out["allreduce"] = [str(r.device), r.cpu().tolist()]
     hvd.broadcast_parameters(solo.to(device).state_dict(), root_rank=0)
+    hvd.shutdown()
+    # Sync mode cut into buckets posted during backward: each bucket's CUDA gradients are copied
+    # to the host on a side stream while the backward pass goes on.
+    hvd.init(fusion_threshold_bytes=256)
+    gpu, gpu_opt, _ = train(device, hvd.Sync(), "cuda-sync-buckets")
+    cpu, _, _ = train("cpu", hvd.Sync(), "cpu-sync-buckets")
+    out["buckets_diff"] = max_diff(gpu.cpu(), cpu)
+    out["buckets"] = len(gpu_opt._overlap.buckets) if gpu_opt._overlap is not None else 1
     hvd.shutdown()
     report(out)
 

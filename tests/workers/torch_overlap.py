@@ -7,8 +7,12 @@ with overlap off, and every rank also trains the single-process reference on
 the concatenated batches. A layer used twice in forward (its hook fires once,
 after both accumulations) and a parameter no forward uses are part of it.
 
+``deferred`` is ``plain`` with every bucket's copies reported done only at
+the third query, as CUDA copies on a side stream may be: a bucket is then
+posted by a later hook call or by ``step()``, never before.
+
 Argument: none. Report per case: fingerprints on and off, differences to the
-reference, buckets posted during backward, rounds.
+reference, buckets staged and posted during backward, rounds.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from torch_common import fingerprint, loss_of, make_data, max_diff
 
 import hvd_partial.torch as hvd
 from hvd_partial.torch.optimizer import SynchronizationError
+from hvd_partial.torch.tensors import HostStaging
 
 B = 6  # samples per rank per step
 STEPS = 6
@@ -47,7 +52,36 @@ class Net(torch.nn.Module):
         return self.out(h)
 
 
+class LateCopy:
+    """Stands in for a bucket's device copies still running when the hook asks: done at the third
+    query, or when waited for (on CPU the arrays are ready at once; only the posting is late)."""
+
+    def __init__(self):
+        self.queries = 0
+
+    def query(self) -> bool:
+        self.queries += 1
+        return self.queries >= 3
+
+    def synchronize(self) -> None:
+        self.queries = 3
+
+
+def late_copies(to_host_async):
+    def staged_late(self, tensors, names=None):
+        arrays, _ = to_host_async(self, tensors, names)
+        return arrays, LateCopy()
+    return staged_late
+
+
 def train(variant: str) -> dict:
+    if variant == "deferred":
+        real = HostStaging.to_host_async
+        HostStaging.to_host_async = late_copies(real)
+        try:
+            return train("plain")
+        finally:
+            HostStaging.to_host_async = real
     rank, size = hvd.rank(), hvd.size()
     model, ref = Net(3), Net(3)
     passes = 2 if variant == "passes2" else 1
@@ -57,7 +91,7 @@ def train(variant: str) -> dict:
     ref_opt = make(ref.parameters())
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda n: 0.8 ** n)  # travels with each round
     ref_sched = torch.optim.lr_scheduler.LambdaLR(ref_opt, lambda n: 0.8 ** n)
-    posted_in_backward, posted_after_first_pass, fingerprints = [], [], []
+    posted_in_backward, sent_in_backward, posted_after_first_pass, fingerprints = [], [], [], []
     errors = {}
     for step in range(STEPS):
         x, y = make_data(500 + step, size * B)
@@ -72,6 +106,7 @@ def train(variant: str) -> dict:
         else:
             loss_of(model, x[mine], y[mine]).backward()
         posted_in_backward.append(overlap_posted(opt))
+        sent_in_backward.append(0 if opt._overlap is None else sum(h is not None for h in opt._overlap.handles))
         if variant == "misuse" and step == 2:
             try:
                 opt.zero_grad()
@@ -106,7 +141,8 @@ def train(variant: str) -> dict:
     # so weight decay moves it here only; compared with overlap off instead
     used = lambda m: torch.nn.ModuleList([m.inp, m.mid, m.out])  # noqa: E731
     out = {"fingerprint": fingerprint(model, opt), "per_step": fingerprints, "diff": max_diff(used(model), used(ref)),
-           "posted_in_backward": posted_in_backward, "posted_after_first_pass": posted_after_first_pass,
+           "posted_in_backward": posted_in_backward, "sent_in_backward": sent_in_backward,
+           "posted_after_first_pass": posted_after_first_pass,
            "rounds": opt.rounds, "updates": opt.updates, "flush_rounds": len(flushed), "errors": errors,
            "spare": model.spare.weight.flatten().tolist(),
            "buckets": None if opt._overlap is None else len(opt._overlap.buckets)}
@@ -115,7 +151,7 @@ def train(variant: str) -> dict:
 
 
 def overlap_posted(opt) -> int:
-    """Buckets posted so far in this step (0 without overlap)."""
+    """Buckets staged (and so posted, or waiting for their copies) so far in this step (0 without overlap)."""
     return 0 if opt._overlap is None else opt._overlap.next
 
 
@@ -123,7 +159,7 @@ def main():
     out = {}
     for overlap in (True, False):
         hvd.init(fusion_threshold_bytes=THRESHOLD, overlap_backward=overlap)
-        for variant in ("plain", "passes2", "clip", "misuse"):
+        for variant in ("plain", "passes2", "clip", "misuse", "deferred"):
             phase(f"{variant} overlap={overlap}")
             out[f"{variant}/{'on' if overlap else 'off'}"] = train(variant)
         hvd.shutdown()
