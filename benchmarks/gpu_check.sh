@@ -10,7 +10,8 @@
 #    CPU tensors (tests/workers/torch_cuda.py, tests/workers/torch_cuda_collectives.py).
 # 2. Host-staging cost per step (benchmarks/gpu_staging.py): hvd_partial sync and
 #    solo at 1 and 2 ranks against DDP over NCCL at world size 1 (NCCL refuses two
-#    ranks on one GPU) and DDP over gloo with CUDA tensors at 2 ranks.
+#    ranks on one GPU) and DDP over gloo with CUDA tensors at 2 ranks; sync in
+#    16 MiB buckets with overlap on and off, with each bucket's copy time.
 # Writes everything under ${OUT:-/tmp/gpu_check} and prints a summary; exit 1 on a
 # failed check, 2 when the machine has no usable CUDA torch.
 set -u
@@ -68,13 +69,15 @@ run_worker collectives tests/workers/torch_cuda_collectives.py
 
 echo "host staging, median step time (MLP 6 x 2048, batch 64):"
 : >"$OUT/staging.jsonl"
-for spec in "1 plain" "1 hvd_sync" "1 ddp_nccl" "2 hvd_sync" "2 hvd_solo" "2 ddp_gloo"; do
+for spec in "1 plain" "1 hvd_sync" "1 ddp_nccl" "2 hvd_sync" "2 hvd_sync --bucket-mb 16" \
+            "2 hvd_sync --bucket-mb 16 --no-overlap" "2 hvd_solo" "2 ddp_gloo"; do
     set -- $spec
-    if timeout 90 mpiexec -n "$1" python benchmarks/gpu_staging.py --method "$2" >>"$OUT/staging.jsonl" \
-            2>"$OUT/staging-$1-$2.err"; then
+    n=$1 method=$2; shift 2
+    if timeout 90 mpiexec -n "$n" python benchmarks/gpu_staging.py --method "$method" "$@" >>"$OUT/staging.jsonl" \
+            2>"$OUT/staging-$n-$method$(echo "$@" | tr -d ' -').err"; then
         tail -1 "$OUT/staging.jsonl"
     else
-        echo "  $2 at $1 rank(s) failed:"; tail -5 "$OUT/staging-$1-$2.err"
+        echo "  $method $* at $n rank(s) failed:"; tail -5 "$OUT/staging-$n-$method$(echo "$@" | tr -d ' -').err"
     fi
 done
 [ "$FAILED" = 0 ] && echo "gpu_check: all checks passed" || echo "gpu_check: some checks FAILED"

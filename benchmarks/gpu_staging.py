@@ -6,7 +6,12 @@ the GPU: forward, backward, gradient reduction, optimizer step, then
 
 - ``plain``: no reduction (world size 1): the compute floor;
 - ``hvd_sync`` / ``hvd_solo``: hvd_partial's DistributedOptimizer (gradients
-  staged through pinned host buffers, reduced by the engine over MPI);
+  staged through pinned host buffers, reduced by the engine over MPI). In sync
+  mode the gradients are cut into buckets of ``--bucket-mb`` posted during
+  backward, each copied to the host on a side stream (``--no-overlap``: the
+  whole gradient at ``step()``); the line then also gives the buckets per step
+  and the median time from a bucket's staging to its copy found done (an upper
+  bound: the hook looks at the next gradient it sees);
 - ``ddp_nccl``: DistributedDataParallel over NCCL (world size 1 only: NCCL
   refuses two ranks on one GPU);
 - ``ddp_gloo``: DistributedDataParallel over gloo with CUDA tensors.
@@ -14,6 +19,7 @@ the GPU: forward, backward, gradient reduction, optimizer step, then
 Run under mpiexec (ranks come from MPI; DDP rendezvous on 127.0.0.1)::
 
     mpiexec -n 2 python benchmarks/gpu_staging.py --method hvd_sync
+    mpiexec -n 2 python benchmarks/gpu_staging.py --method hvd_sync --bucket-mb 16
     # rank 0 prints one JSON line: method, ranks, median and p90 step ms, gradient MiB
 """
 
@@ -36,6 +42,41 @@ def build(width: int, depth: int, device) -> torch.nn.Module:
     return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10)).to(device)
 
 
+class TimedCopy:
+    """A bucket's copies to the host, timed from staging to the first look that finds them done."""
+
+    def __init__(self, copied, seconds: list):
+        self.copied, self.seconds, self.started = copied, seconds, time.perf_counter()
+
+    def _done(self) -> None:
+        if self.started is not None:
+            self.seconds.append(time.perf_counter() - self.started)
+            self.started = None
+
+    def query(self) -> bool:
+        done = self.copied.query()
+        if done:
+            self._done()
+        return done
+
+    def synchronize(self) -> None:
+        self.copied.synchronize()
+        self._done()
+
+
+def time_bucket_copies(seconds: list) -> None:
+    """Benchmark instrumentation: every bucket staged during backward is timed into ``seconds``."""
+    from hvd_partial.torch.tensors import HostStaging
+
+    stage = HostStaging.to_host_async
+
+    def timed(self, tensors, names=None):
+        arrays, copied = stage(self, tensors, names)
+        return arrays, TimedCopy(copied, seconds)
+
+    HostStaging.to_host_async = timed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--method", required=True, choices=["plain", "hvd_sync", "hvd_solo", "ddp_nccl", "ddp_gloo"])
@@ -44,6 +85,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--port", type=int, default=29511)
+    parser.add_argument("--bucket-mb", type=float, default=None, help="hvd methods: fusion_threshold_bytes in MiB")
+    parser.add_argument("--no-overlap", action="store_true", help="hvd methods: overlap_backward off")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -55,7 +98,12 @@ def main() -> None:
     if args.method.startswith("hvd"):
         import hvd_partial.torch as hvd
 
-        hvd.init()
+        settings = {"overlap_backward": not args.no_overlap}
+        if args.bucket_mb is not None:
+            settings["fusion_threshold_bytes"] = int(args.bucket_mb * 2**20)
+        hvd.init(**settings)
+        copy_seconds: list = []
+        time_bucket_copies(copy_seconds)
         mode = hvd.Sync() if args.method == "hvd_sync" else hvd.Solo()
         opt = hvd.DistributedOptimizer(opt, mode=mode)
     elif args.method.startswith("ddp"):
@@ -76,7 +124,11 @@ def main() -> None:
         torch.cuda.synchronize()
         if step >= args.warmup:
             times.append(time.perf_counter() - started)
+    line = {}
     if hvd is not None:
+        overlap = opt._overlap
+        line = {"overlap": not args.no_overlap, "buckets": 1 if overlap is None else len(overlap.buckets),
+                "bucket_copy_ms": 1e3 * statistics.median(copy_seconds) if copy_seconds else None}
         opt.flush()
         hvd.shutdown()
     grad_mib = sum(p.numel() for p in model.parameters()) * 4 / 2**20
@@ -84,7 +136,7 @@ def main() -> None:
         times.sort()
         print(json.dumps({"method": args.method, "ranks": size, "median_ms": 1e3 * statistics.median(times),
                           "p90_ms": 1e3 * times[int(0.9 * (len(times) - 1))], "grad_mib": round(grad_mib, 1),
-                          "gpu": torch.cuda.get_device_name(0)}), flush=True)
+                          **line, "gpu": torch.cuda.get_device_name(0)}), flush=True)
     if args.method.startswith("ddp"):
         torch.distributed.destroy_process_group()
 
