@@ -14,7 +14,9 @@ seeds, modes interleaved in a rotating order:
   (log-normal, median 10, clipped to 3..64), as video lengths are. The
   imbalance is inherent: a batch costs its real forward/backward plus
   simulated device time proportional to its padded length
-  (``--ms-per-token``), so ranks that draw long sequences are slow.
+  (``--ms-per-token``), so ranks that draw long sequences are slow. With
+  ``--lstm-delay-ms`` (default 0) one random rank per step also sleeps that
+  much more, the CNN's injected pattern on top of the inherent imbalance.
 
 Device time is a sleep so that P ranks behave like P accelerators on this
 2-core machine (a real computation would make the ranks fight over the
@@ -149,6 +151,7 @@ class Task:
             self.batch = args.lstm_batch
             self.lr = args.lstm_lr
             self.ms_per_token = args.ms_per_token
+            self.delays = sleeper_schedule(world_size, 0.0, args.lstm_delay_ms / 1000, seed)
         else:
             raise ValueError(name)
         self.world_size = world_size
@@ -173,7 +176,7 @@ class Task:
     def device_seconds(self, rank: int, step: int, batch) -> float:
         if self.name == "cnn":
             return self.delays(rank, step)
-        return self.ms_per_token / 1000 * int(batch[1].max())
+        return self.ms_per_token / 1000 * int(batch[1].max()) + self.delays(rank, step)
 
     def loss(self, model, batch):
         import torch.nn.functional as F
@@ -467,6 +470,8 @@ def parse_args(argv=None):
     parser.add_argument("--lstm-lr", type=float, default=0.1)
     parser.add_argument("--lstm-target", type=float, default=0.95)
     parser.add_argument("--ms-per-token", type=float, default=1.0, help="lstm: device time per padded time step")
+    parser.add_argument("--lstm-delay-ms", type=float, default=0.0,
+                        help="lstm: extra time of one random rank per step, injected on top (0: none)")
     parser.add_argument("--timeout", type=float, default=2400.0, help="seconds for the whole job")
     parser.add_argument("--replot", action="store_true",
                         help="only rebuild the tables and plots from results/<out>.json")
