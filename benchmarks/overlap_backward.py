@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import hvd_partial.torch as hvd
+from overlap_blocks import print_medians, run_blocks
 
 METHODS = ["on", "off", "ddp"]
 
@@ -104,19 +105,7 @@ def main(argv=None):
         port = hvd.broadcast_object(free_port() if rank == 0 else None, root_rank=0)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
     hvd.shutdown()
-    per_block: list[dict] = []
-    for b in range(args.blocks):
-        order = methods[b % len(methods):] + methods[:b % len(methods)]
-        figures = {}
-        for method in order:
-            hvd.init(fusion_threshold_bytes=threshold, overlap_backward=(method != "off"))
-            mine = block(method, args, rank)
-            everyone = hvd.allgather_object(mine)
-            figures[method] = max(everyone)  # the slowest rank's (step, backward, step()) medians
-            hvd.shutdown()
-        per_block.append(figures)
-        if rank == 0:
-            print(f"block {b}: " + "  ".join(f"{m} {figures[m][0] * 1e3:.1f} ms" for m in methods), flush=True)
+    per_block = run_blocks(hvd, methods, args.blocks, threshold, lambda method: block(method, args, rank))
     if "ddp" in methods:
         dist.destroy_process_group()
     if rank != 0:
@@ -124,11 +113,7 @@ def main(argv=None):
     params = sum(p.numel() for p in make_model(args).parameters())
     print(f"\n{size} ranks, {params * 4 / 2**20:.1f} MiB of float32 gradients, buckets of {args.bucket_mb} MiB, "
           f"batch {args.batch}, {args.blocks} blocks of {args.steps} steps")
-    print("method   step ms  backward ms  step() ms  paired step ratio to off (medians over blocks)")
-    for m in methods:
-        med = [statistics.median(f[m][i] for f in per_block) * 1e3 for i in range(3)]
-        ratio = statistics.median(f[m][0] / f["off"][0] for f in per_block) if "off" in methods else float("nan")
-        print(f"{m:8s} {med[0]:7.1f} {med[1]:12.1f} {med[2]:10.1f} {ratio:12.3f}")
+    print_medians(per_block, methods, ["step ms", "backward ms", "step() ms"])  # medians over blocks
 
 
 if __name__ == "__main__":

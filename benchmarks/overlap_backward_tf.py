@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import hvd_partial.keras as hvd  # noqa: E402
+from overlap_blocks import print_medians, run_blocks  # noqa: E402
 
 METHODS = ["on", "off"]
 
@@ -106,30 +107,16 @@ def main(argv=None):
     methods = args.methods.split(",")
     threshold = int(args.bucket_mb * 1024 * 1024)
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    per_block: list[dict] = []
-    size = 0
-    for b in range(args.blocks):
-        order = methods[b % len(methods):] + methods[:b % len(methods)]
-        figures = {}
-        for method in order:
-            hvd.init(fusion_threshold_bytes=threshold, overlap_backward=(method != "off"))
-            rank, size = hvd.rank(), hvd.size()
-            everyone = hvd.allgather_object(block(method, args, rank))
-            figures[method] = max(everyone)  # the slowest rank's medians
-            hvd.shutdown()
-        per_block.append(figures)
-        if rank == 0:
-            print(f"block {b}: " + "  ".join(f"{m} {figures[m][0] * 1e3:.1f} ms" for m in methods), flush=True)
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    hvd.shutdown()
+    per_block = run_blocks(hvd, methods, args.blocks, threshold, lambda method: block(method, args, rank))
     if rank != 0:
         return
     params = make_model(args).count_params()
     print(f"\n{size} ranks, {params * 4 / 2**20:.1f} MiB of float32 gradients, buckets of {args.bucket_mb} MiB, "
           f"batch {args.batch}, {args.blocks} blocks of {args.steps} steps")
-    print("method   step ms  in final post ms  first bucket before it ms  paired step ratio to off (medians)")
-    for m in methods:
-        med = [statistics.median(f[m][i] for f in per_block) * 1e3 for i in range(3)]
-        ratio = statistics.median(f[m][0] / f["off"][0] for f in per_block) if "off" in methods else float("nan")
-        print(f"{m:8s} {med[0]:7.1f} {med[1]:17.1f} {med[2]:26.1f} {ratio:12.3f}")
+    print_medians(per_block, methods, ["step ms", "in final post ms", "first bucket before it ms"])
 
 
 if __name__ == "__main__":

@@ -34,6 +34,16 @@ def test_overlap_backward_benchmark_runs():
         assert re.search(rf"^{method}\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+$", res.stdout, re.M), res.tail()
 
 
+def test_tensorflow_overlap_backward_benchmark_runs():
+    pytest.importorskip("tensorflow")
+    res = run_mpi(str(ROOT / "benchmarks" / "overlap_backward_tf.py"), 2, "--width", "64", "--layers", "2",
+                  "--bucket-mb", "0.01", "--blocks", "2", "--steps", "3", timeout=180, require_reports=False)
+    for method in ("on", "off"):
+        assert re.search(rf"^{method}\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+$", res.stdout, re.M), res.tail()
+    # with overlap the first bucket goes out before the post that ends the step; without, nothing does
+    assert re.search(r"^off\s+\d+\.\d+\s+\d+\.\d+\s+0\.0\s", res.stdout, re.M), res.tail()
+
+
 def test_balanced_steps_benchmark_runs():
     res = run_mpi(str(ROOT / "benchmarks" / "balanced_steps.py"), 2, "--tasks", "lstm,cnn", "--methods",
                   "ddp,sync,solo,local", "--blocks", "2", "--steps", "3", "--length", "4", "--step-ms", "1",
