@@ -23,6 +23,15 @@ from .round_result import RoundResult
 MAX_OVERLAP_BUCKETS = 64
 
 
+def cap_buckets(buckets: list[list]) -> list[list]:
+    """``buckets`` (in posting order) with the last ones merged into one until at most
+    ``MAX_OVERLAP_BUCKETS`` remain."""
+    while len(buckets) > MAX_OVERLAP_BUCKETS:
+        last = buckets.pop()
+        buckets[-1].extend(last)
+    return buckets
+
+
 def join_bucket_rounds(per_bucket: list[list[RoundResult]], streams: list[str], positions: list[list[int]],
                        size: int, rank: str) -> list[RoundResult]:
     """The last bucket's rounds (``per_bucket[-1]``), each holding ``size``

@@ -18,7 +18,7 @@ every bucket and joins the step's rounds into the stream's layout
 
 Example::
 
-    overlap = OverlapBuckets.for_plan("keras.SGD", groups=4)   # None where it does not apply
+    overlap = OverlapBuckets.for_plan("keras.SGD", 4, "sync", on_set=False)   # None where it does not apply
     overlap.buckets    # [[3], [2], [1], [0]]: group indices, in posting order
     overlap.streams    # ['keras.SGD.overlap.0', 'keras.SGD.overlap.1', 'keras.SGD.overlap.2', 'keras.SGD']
 """
@@ -26,20 +26,15 @@ Example::
 from __future__ import annotations
 
 import hvd_partial as _core
-from ..core.overlap import MAX_OVERLAP_BUCKETS as MAX_BUCKETS
-from ..core.overlap import join_bucket_rounds
+from ..core.overlap import cap_buckets, join_bucket_rounds
 from ..core.round_result import RoundResult
 
 
 def overlap_buckets(groups: int) -> list[list[int]]:
     """The plan's ``groups`` fused buffers as buckets in posting order: the last
-    group first, one group a bucket, at most ``MAX_BUCKETS`` (the first groups
+    group first, one group a bucket, at most ``MAX_OVERLAP_BUCKETS`` (the first groups
     then share the last bucket)."""
-    buckets = [[j] for j in reversed(range(groups))]
-    while len(buckets) > MAX_BUCKETS:
-        last = buckets.pop()
-        buckets[-1].extend(last)
-    return buckets
+    return cap_buckets([[j] for j in reversed(range(groups))])
 
 
 class OverlapBuckets:

@@ -48,7 +48,7 @@ import torch
 
 import hvd_partial as _core
 from ..core.overlap import MAX_OVERLAP_BUCKETS as MAX_BUCKETS
-from ..core.overlap import join_bucket_rounds
+from ..core.overlap import cap_buckets, join_bucket_rounds
 from ..core.round_result import RoundResult
 from ..modes import Mode, ReduceOp
 from .parameter_grads import ParameterGradients, rank_label
@@ -84,9 +84,7 @@ def plan_buckets(params: list[torch.Tensor], dense: list[int], itemsizes: list[i
         member = set(dense)
         kept = [sorted(i for i in g if i in member) for g in groups]
         buckets = [[g] for g in sorted((g for g in kept if g), key=lambda g: -g[0])]
-    while len(buckets) > MAX_BUCKETS:  # greedy cuts of uneven sizes: the last buckets merge
-        last = buckets.pop()
-        buckets[-1].extend(last)
+    cap_buckets(buckets)  # greedy cuts of uneven sizes: the last buckets merge
     if groups is None:  # one group per bucket
         buckets = [[sorted(i for g in b for i in g)] for b in buckets]
     return buckets
